@@ -1,0 +1,22 @@
+"""jaxjob: epoch-level, fault-tolerant training jobs on JAX with Orbax checkpoints."""
+
+from jaxjob import distributed as distributed
+from jaxjob.checkpoint import CheckpointManager as CheckpointManager
+from jaxjob.checkpoint import CheckpointSaveError as CheckpointSaveError
+from jaxjob.job import Job as Job
+from jaxjob.job import epoch_limiter as epoch_limiter
+from jaxjob.layout import db_name as db_name
+from jaxjob.layout import get_ckpt_filename as get_ckpt_filename
+from jaxjob.metadata import DiskMetadataHandler as DiskMetadataHandler
+from jaxjob.metadata import MetadataHandler as MetadataHandler
+from jaxjob.multinode import MultiNodeCheckpointManager as MultiNodeCheckpointManager
+from jaxjob.restore import restore as restore
+from jaxjob.runner import JobRunner as JobRunner
+from jaxjob.session import Session as Session
+from jaxjob.task import Node as Node
+from jaxjob.task import Task as Task
+from jaxjob.task import TaskGroup as TaskGroup
+from jaxjob.upload import UploadTaskGroupBuilder as UploadTaskGroupBuilder
+from jaxjob.workspace import Workspace as Workspace
+
+__version__ = "0.1.0"

@@ -1,0 +1,317 @@
+"""Checkpointing several logical nodes: one checkpoint directory per node and epoch."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from jaxjob.checkpoint import CheckpointManager, CheckpointSaveError
+from jaxjob.layout import db_name
+from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
+from jaxjob.session import Session
+from jaxjob.workspace import Workspace
+
+__all__ = ["MultiNodeCheckpointManager"]
+
+logger = logging.getLogger(__name__)
+
+
+class MultiNodeCheckpointManager:
+    """Coordinates one :class:`CheckpointManager` per node of a job.
+
+    Node ``n``'s checkpoint of epoch ``e`` is ``<db_prefix>/<n>.<e>/`` and holds
+    the leaves that ``n``'s init tasks created. Stats of every node are
+    reported together, so you can see which node's save dominates.
+
+    Args:
+        db_prefix: Directory holding every node's checkpoints.
+        db_type: Storage type; only ``"orbax"``.
+        metadata_handler: Decides the resume epoch (by default the latest
+            epoch committed for every node) and receives the stats.
+        async_save: False makes saves return only once committed.
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp
+        >>> ckpt = MultiNodeCheckpointManager(tempfile.mkdtemp())
+        >>> ckpt.init(["a", "b"], key_nodes={"x": "a", "y": "b"})
+        >>> ckpt.save(0, Workspace({"x": jnp.zeros(2), "y": jnp.ones(2)}))
+        >>> ckpt.wait_until_finished()
+        >>> sorted(ckpt.load(0)), ckpt.get_ckpt_db_name("b", 0).endswith("/b.0")
+        (['x', 'y'], True)
+    """
+
+    def __init__(
+        self,
+        db_prefix: str,
+        db_type: str = "orbax",
+        metadata_handler: MetadataHandler | None = None,
+        *,
+        async_save: bool = True,
+    ) -> None:
+        self._db_prefix = str(db_prefix)
+        self._db_type = db_type
+        self._metadata_handler = metadata_handler or DiskMetadataHandler()
+        self._async_save = async_save
+        self._node_managers: list[tuple[str, CheckpointManager]] | None = None
+        self._key_nodes: dict[str, str] = {}
+        self._path_prefix: str | None = None
+        self._path_type: str | None = None
+        self._metadata_due: int | None = None
+        CheckpointManager(db_prefix, db_type=db_type)  # validates the arguments
+
+    def __repr__(self) -> str:
+        return f"MultiNodeCheckpointManager({self._db_prefix!r})"
+
+    @property
+    def node_managers(self) -> list[tuple[str, CheckpointManager]]:
+        """``(node_name, CheckpointManager)`` pairs, in the job's node order.
+
+        Raises:
+            RuntimeError: Before :meth:`init`.
+        """
+        if self._node_managers is None:
+            raise RuntimeError("MultiNodeCheckpointManager: call init(nodes) first")
+        return list(self._node_managers)
+
+    @property
+    def metadata_handler(self) -> MetadataHandler:
+        """The handler deciding resume epochs and receiving stats."""
+        return self._metadata_handler
+
+    def _make_managers(self, nodes: Sequence[Any]) -> None:
+        names = [str(n) for n in nodes]
+        if self._node_managers is not None:
+            current = [n for n, _ in self._node_managers]
+            if current != names:
+                raise ValueError(
+                    f"this MultiNodeCheckpointManager was initialised with nodes {current}, "
+                    f"got nodes {names}; use a new manager for another job"
+                )
+            return
+        self._node_managers = [
+            (
+                name,
+                CheckpointManager(
+                    self._db_prefix,
+                    name,
+                    self._db_type,
+                    DiskMetadataHandler(),
+                    async_save=self._async_save,
+                ),
+            )
+            for name in names
+        ]
+
+    def init(
+        self,
+        nodes: Sequence[Any],
+        retrieve_from_epoch: int | None = None,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+        *,
+        key_nodes: Mapping[str, str] | None = None,
+    ) -> None:
+        """Creates one manager per node; again with the same nodes is a no-op.
+
+        Args:
+            nodes: The job's nodes, in order.
+            retrieve_from_epoch: Read each node's leaf names from this epoch.
+            path_prefix: Read checkpoints from ``path_prefix + "<node>.<epoch>"``.
+            path_type: Storage type of that path; only ``"orbax"``.
+            key_nodes: Which node owns each persistent name (the session's
+                ``key_nodes`` after the init group ran).
+
+        Raises:
+            ValueError: If called again with different nodes.
+        """
+        first = self._node_managers is None
+        self._make_managers(nodes)
+        if key_nodes:
+            self._key_nodes.update(key_nodes)
+        if first or retrieve_from_epoch is not None:
+            for name, manager in self.node_managers:
+                manager.init([name], retrieve_from_epoch, path_prefix, path_type)
+                if retrieve_from_epoch is not None:
+                    self._key_nodes.update(dict.fromkeys(manager.blob_list(), name))
+
+    def blob_list(self) -> list[str]:
+        """Names of the leaves saved for every node."""
+        return [n for _, m in self.node_managers for n in m.blob_list()]
+
+    def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
+        """Checkpoint directory of ``node_name`` at ``epoch``.
+
+        Raises:
+            KeyError: If ``node_name`` is not one of this manager's nodes.
+        """
+        names = [n for n, _ in self.node_managers]
+        if str(node_name) not in names:
+            raise KeyError(f"node {node_name!r} is not one of this manager's nodes {names}")
+        return db_name(epoch, str(node_name), self._db_prefix)
+
+    def check_db_exists(self, epoch: int) -> bool:
+        """Whether every node's checkpoint of ``epoch`` is committed."""
+        return all(m.check_db_exists(epoch) for _, m in self.node_managers)
+
+    def load(
+        self,
+        epoch: int,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+        *,
+        targets: Mapping[str, Any] | None = None,
+    ) -> Workspace:
+        """Loads and merges every node's checkpoint of ``epoch``."""
+        merged: dict[str, Any] = {}
+        for name, manager in self.node_managers:
+            ws = manager.load(epoch, path_prefix, path_type, targets=targets)
+            self._key_nodes.update(dict.fromkeys(ws, name))
+            merged.update(ws)
+        return Workspace(merged)
+
+    def saved_shapes(self, epoch: int) -> dict[str, Any]:
+        """Shapes and dtypes of every node's leaves saved at ``epoch``."""
+        merged: dict[str, Any] = {}
+        for _, manager in self.node_managers:
+            merged.update(manager.saved_shapes(epoch))
+        return merged
+
+    def load_outputs(self, epoch: int) -> Workspace:
+        """Loads the stop-condition outputs saved with ``epoch``."""
+        merged: dict[str, Any] = {}
+        for _, manager in self.node_managers:
+            merged.update(manager.load_outputs(epoch))
+        return Workspace(merged)
+
+    def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
+        """Loads ``blob_names`` from every node's checkpoint of ``epoch`` that holds them."""
+        names = list(blob_names)
+        merged: dict[str, Any] = {}
+        for _, manager in self.node_managers:
+            merged.update(manager.load_blobs_from_checkpoint(names, epoch))
+        return Workspace(merged)
+
+    def load_blobs_locally(
+        self, nodes: Sequence[Any], blob_names: Iterable[str], epoch: int, session: Session
+    ) -> bool:
+        """Loads ``blob_names`` from every node's checkpoint into ``session.workspace``.
+
+        A name a node's checkpoint lacks is skipped there.
+
+        Returns:
+            False, loading nothing, if some node's checkpoint of ``epoch`` is missing.
+
+        Raises:
+            KeyError: If no node's checkpoint holds a requested name.
+        """
+        self._make_managers(nodes)
+        if not self.check_db_exists(epoch):
+            missing = [n for n, m in self.node_managers if not m.check_db_exists(epoch)]
+            logger.info("Checkpoints of nodes %s at epoch %d do not exist", missing, epoch)
+            return False
+        names = list(blob_names)
+        loaded = self.load_blobs_from_checkpoint(names, epoch)
+        absent = [n for n in names if n not in loaded]
+        if absent:
+            raise KeyError(f"no node's checkpoint of epoch {epoch} holds {absent}")
+        session.workspace = session.workspace.set(loaded)
+        logger.info("Loaded %s from the checkpoints of epoch %d", names, epoch)
+        return True
+
+    def _owner(self, name: str) -> str:
+        nodes = [n for n, _ in self.node_managers]
+        owner = self._key_nodes.get(name, nodes[0])
+        return owner if owner in nodes else nodes[0]
+
+    def save(self, epoch: int, workspace: Mapping[str, Any], *, outputs=None) -> None:
+        """Starts saving each node's leaves of ``workspace`` into its own checkpoint.
+
+        Raises:
+            OSError: If ``db_prefix`` is not a writable directory.
+            CheckpointSaveError: The first failure of a previous async save,
+                after this epoch's saves have started.
+        """
+        previous = self._finish_all()
+        first = self.node_managers[0][0]
+        for name, manager in self.node_managers:
+            part = {k: v for k, v in workspace.items() if self._owner(k) == name}
+            manager.save(epoch, part, outputs=outputs if name == first else None)
+        if previous is not None:
+            raise previous
+
+    def _finish_all(self) -> CheckpointSaveError | None:
+        failures = [m._finish_pending() for _, m in self.node_managers]
+        failures = [f for f in failures if f is not None]
+        if self._metadata_due is not None and not failures:
+            self._metadata_handler.write(epoch=self._metadata_due)
+        self._metadata_due = None
+        return failures[0] if failures else None
+
+    def wait_until_finished(self) -> None:
+        """Blocks until every node's save in flight is committed.
+
+        Raises:
+            CheckpointSaveError: The first node's failure, if any.
+        """
+        if self._node_managers is None:
+            return
+        failure = self._finish_all()
+        if failure is not None:
+            raise failure
+
+    def close(self) -> None:
+        """Waits for pending saves and closes every node's manager."""
+        try:
+            self.wait_until_finished()
+        finally:
+            for _, manager in self._node_managers or []:
+                manager.close()
+
+    @property
+    def failures(self) -> list[CheckpointSaveError]:
+        """Every save failure of every node, in order."""
+        return [f for _, m in self._node_managers or [] for f in m.failures]
+
+    def write_checkpoint_metadata(self, epoch: int) -> None:
+        """Tells the metadata handler that ``epoch`` is saved, once every node committed it."""
+        if any(m._pending is not None for _, m in self.node_managers):
+            self._metadata_due = epoch
+        else:
+            self._metadata_handler.write(epoch=epoch)
+
+    def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
+        """Adds each node's last action stats to ``stats``."""
+        for _, manager in self.node_managers:
+            manager.collect_checkpoint_stats(stats)
+
+    def report_checkpoint_stats(self, action_name: str) -> None:
+        """Reports every node's stats together, so the dominating node shows."""
+        stats: dict[str, Any] = {}
+        self.collect_checkpoint_stats(stats)
+        logger.debug("checkpoint stats: %s", stats)
+        self._metadata_handler.report(action_name, stats)
+
+    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
+        """The epoch to resume from (``user_epoch`` wins), or None for a fresh start."""
+        return self._metadata_handler.last_epoch(user_epoch=user_epoch)
+
+    def set_params(
+        self, nodes: Sequence[Any], path_prefix: str | None = None, path_type: str | None = None
+    ) -> None:
+        """Passes the checkpoint location and the node names to the metadata handler."""
+        if path_prefix:
+            self._path_prefix = path_prefix
+        if path_type:
+            self._path_type = path_type
+        self._metadata_handler.set_params(
+            db_prefix=self._db_prefix,
+            db_type=self._db_type,
+            node_names=[str(n) for n in nodes],
+            path_prefix=self._path_prefix,
+            path_type=self._path_type,
+        )
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Asks the metadata handler whether checkpoints (of ``epoch``) are accessible."""
+        return self._metadata_handler.cp_accessible(epoch)

@@ -1,0 +1,111 @@
+"""Restore a checkpoint, or some of its leaves, without the model code."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from jaxjob import storage
+from jaxjob.layout import committed_epochs, db_name
+from jaxjob.workspace import Workspace
+
+__all__ = ["restore"]
+
+_ENTRY = re.compile(r"(.+)\.(\d+)")
+
+
+def _nodes_under(db_prefix: str) -> list[str]:
+    try:
+        entries = os.listdir(db_prefix)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"no checkpoint directory or db_prefix at {db_prefix!r}") from None
+    nodes = {m.group(1) for e in entries if (m := _ENTRY.fullmatch(e))}
+    return sorted(n for n in nodes if committed_epochs(db_prefix, n))
+
+
+def _checkpoint_dirs(path: str, epoch: int | None, node_name: str | None) -> list[str]:
+    """The checkpoint directories to read: ``path`` itself, or one per node under a db_prefix."""
+    if os.path.isdir(os.path.join(path, storage.MANIFEST_ITEM)):
+        if epoch is not None or node_name is not None:
+            raise ValueError(
+                f"path {path!r} is one checkpoint directory; epoch= and node_name= "
+                "select within a db_prefix"
+            )
+        return [path]
+    nodes = [node_name] if node_name is not None else _nodes_under(path)
+    if not nodes:
+        raise FileNotFoundError(f"no committed checkpoint under {path!r}")
+    common = set.intersection(*(set(committed_epochs(path, n)) for n in nodes))
+    if epoch is None:
+        if not common:
+            raise FileNotFoundError(f"no epoch of nodes {nodes} is committed under {path!r}")
+        epoch = max(common)
+    elif epoch not in common:
+        raise FileNotFoundError(
+            f"epoch {epoch} is not committed for nodes {nodes} under {path!r}; "
+            f"committed epochs: {sorted(common)}"
+        )
+    return [db_name(epoch, n, path) for n in nodes]
+
+
+def restore(
+    path: str | os.PathLike,
+    *,
+    epoch: int | None = None,
+    node_name: str | None = None,
+    leaves: Iterable[str] | None = None,
+    sharding: Any = None,
+) -> Workspace:
+    """Restores a committed checkpoint, or named leaves of it, with no model code.
+
+    Only the bytes of the requested leaves are read. Containers come back as
+    the checkpoint stores them (dicts and lists); leaves keep their saved
+    types (``jax.Array``, typed PRNG keys, bfloat16, NumPy arrays and
+    scalars, Python scalars).
+
+    Args:
+        path: One checkpoint directory (``<db_prefix>/<node>.<epoch>``, also a
+            copy elsewhere), or a ``db_prefix``.
+        epoch: With a db_prefix: this epoch instead of the latest one
+            committed for every node.
+        node_name: With a db_prefix: only this node's checkpoint (default: all nodes).
+        leaves: Names to restore (default: all).
+        sharding: Where ``jax.Array`` leaves go: a ``jax.sharding.Sharding``,
+            or a mapping from name to Sharding. Default: the first device,
+            whatever device count saved them.
+
+    Returns:
+        A workspace of the restored names.
+
+    Raises:
+        FileNotFoundError: If there is no such checkpoint (lists committed epochs).
+        KeyError: If a requested name is in no checkpoint (lists the available ones).
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp
+        >>> from jaxjob.checkpoint import CheckpointManager
+        >>> prefix = tempfile.mkdtemp()
+        >>> ckpt = CheckpointManager(prefix)
+        >>> ckpt.save(0, {"params": {"w": jnp.ones(2)}, "opt": jnp.zeros(2)})
+        >>> ckpt.wait_until_finished()
+        >>> restore(prefix, leaves=["params"])["params"]["w"].tolist()
+        [1.0, 1.0]
+    """
+    dirs = _checkpoint_dirs(os.fspath(path), epoch, node_name)
+    manifests = {d: storage.read_manifest(d) for d in dirs}
+    available = sorted({k for m in manifests.values() for k in m["state_keys"]})
+    names = available if leaves is None else list(leaves)
+    if isinstance(leaves, str):
+        raise TypeError(f"leaves must be a list of names, got the string {leaves!r}")
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise KeyError(
+            f"leaves {unknown} are not in the checkpoint at {path!r}; available: {available}"
+        )
+    result: dict[str, Any] = {}
+    for d, manifest in manifests.items():
+        mine = [n for n in names if n in manifest["state_keys"]]
+        result.update(storage.restore_items(d, mine, sharding=sharding, manifest=manifest))
+    return Workspace(result)

@@ -1,0 +1,257 @@
+"""The job runner: the seed's epoch-level training flow with checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from jaxjob.checkpoint import CheckpointManager, CheckpointSaveError
+from jaxjob.job import Job
+from jaxjob.multinode import MultiNodeCheckpointManager
+from jaxjob.session import Session, _Program
+from jaxjob.task import DEFAULT_NODE
+from jaxjob.upload import UploadTaskGroupBuilder
+
+__all__ = ["JobRunner"]
+
+logger = logging.getLogger(__name__)
+Manager = CheckpointManager | MultiNodeCheckpointManager
+SAVE_ERROR_POLICIES = ("warn", "raise")
+
+
+class JobRunner:
+    """Runs a job with a checkpoint after init and after every epoch.
+
+    ``train`` asks the manager for the epoch to resume from. From scratch it
+    runs the init group and saves epoch 0; resuming from ``k`` it loads
+    checkpoint ``k`` instead (init is not run). Then it runs epochs ``k+1,
+    k+2, ...``: the epoch group, the stop conditions, a save; it stops after
+    the first epoch where a condition holds. Auto-resume (no
+    ``resume_from_epoch``) first evaluates the stop conditions on the
+    checkpoint it resumes from: a finished job runs no more epochs. Then the
+    upload group (after every save is committed), the download group and the
+    exit group run.
+
+    Args:
+        job: The job.
+        checkpoint_manager: A (multi-node) checkpoint manager, or None to run
+            without checkpoints.
+        resume_from_epoch: Resume from this epoch (epoch ``k+1`` runs);
+            None lets the manager's metadata handler pick the latest.
+        upload_task_group_builder: Builds the upload group.
+        on_save_error: ``"warn"`` logs a failed save (with its epoch and
+            exception), records it in the stats and ``save_errors`` and
+            carries on; ``"raise"`` raises it.
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp
+        >>> from jaxjob.job import epoch_limiter
+        >>> job = Job()
+        >>> _ = job.init_group.add(lambda ws: {"x": jnp.zeros(())})
+        >>> _ = job.epoch_group.add(lambda ws: {"x": ws["x"] + 1})
+        >>> epoch_limiter(job, 3)
+        >>> ckpt = CheckpointManager(tempfile.mkdtemp())
+        >>> session = Session()
+        >>> JobRunner(job, ckpt).train(session), float(session.workspace["x"])
+        (3, 3.0)
+        >>> JobRunner(job, ckpt).train(Session())  # finished: runs no epoch
+        3
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        checkpoint_manager: Manager | None = None,
+        resume_from_epoch: int | None = None,
+        upload_task_group_builder: UploadTaskGroupBuilder | None = None,
+        *,
+        on_save_error: Literal["warn", "raise"] = "warn",
+    ) -> None:
+        if on_save_error not in SAVE_ERROR_POLICIES:
+            raise ValueError(
+                f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {on_save_error!r}"
+            )
+        if resume_from_epoch is not None and (
+            isinstance(resume_from_epoch, bool)
+            or not isinstance(resume_from_epoch, int)
+            or resume_from_epoch < 0
+        ):
+            raise ValueError(
+                f"resume_from_epoch must be None or an int >= 0, got {resume_from_epoch!r}"
+            )
+        self.job = job
+        self.checkpoint_manager = checkpoint_manager
+        self.resume_from_epoch = resume_from_epoch
+        self.upload_task_group_builder = upload_task_group_builder
+        self.on_save_error = on_save_error
+        self.save_errors: list[CheckpointSaveError] = []
+
+    def _nodes(self) -> list[str]:
+        return self.job.nodes_to_checkpoint() or [DEFAULT_NODE]
+
+    def train(self, session: Session) -> int:
+        """Runs the training flow on ``session`` and returns the last epoch.
+
+        If it raises, saves in flight are completed before it returns.
+        Call it on every process of a multi-process job.
+        """
+        manager = self.checkpoint_manager
+        resume = self.resume_from_epoch
+        if manager is not None:
+            manager.set_params(nodes=self._nodes())
+            resume = manager.get_resume_from_epoch_id(self.resume_from_epoch)
+            if resume is not None:
+                logger.info("Resuming from epoch %d", resume)
+        try:
+            epoch, finished = self._start(session, resume)
+            while not finished:
+                epoch += 1
+                finished = self._run_epoch(epoch, session)
+            logger.info("Finished training at epoch %d", epoch)
+            self._finish_saves()
+        except BaseException:
+            self._complete_pending_after_error()
+            raise
+        self._run_final_groups(epoch, session)
+        return epoch
+
+    def _start(self, session: Session, resume: int | None) -> tuple[int, bool]:
+        manager = self.checkpoint_manager
+        if resume is None:
+            session.run(self.job.init_group)
+            if manager is not None:
+                manager.init(self._nodes(), key_nodes=session.key_nodes)
+                self.save_checkpoints(0, session)
+            return 0, False
+        if manager is None:
+            raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
+        manager.init(self._nodes(), retrieve_from_epoch=resume)
+        targets = self._restore_targets(session, manager, resume)
+        session.workspace = manager.load(resume, targets=targets)
+        manager.report_checkpoint_stats("checkpoint_load")
+        if self.resume_from_epoch is not None or resume == 0:
+            return resume, False
+        values, _ = self.job.stop_values(session.workspace.set(manager.load_outputs(resume)))
+        if any(values):
+            logger.info("The checkpoint of epoch %d meets a stop condition: finished", resume)
+        return resume, any(values)
+
+    def _restore_targets(self, session: Session, manager: Manager, epoch: int) -> dict[str, Any]:
+        """Traces the init group abstractly; host steps contribute the saved shapes."""
+        saved = manager.saved_shapes(epoch)
+        abstract: dict[str, Any] = {}
+        targets: dict[str, Any] = {}
+        for step in session.steps(self.job.init_group):
+            if isinstance(step, _Program):
+                produced = step.abstract(abstract)
+                targets.update(produced)
+                abstract.update(produced)
+            else:
+                abstract.update({k: v for k, v in saved.items() if k not in abstract})
+        return {k: v for k, v in targets.items() if k in saved}
+
+    def _run_epoch(self, epoch: int, session: Session) -> bool:
+        logger.info("Starting epoch %d", epoch)
+        run = session.run(self.job.epoch_group)
+        values, read = self.job.stop_values(run)
+        if self.checkpoint_manager is not None:
+            outputs = {k: run[k] for k in read if k in run and k not in session.workspace}
+            self.save_checkpoints(epoch, session, outputs=outputs)
+        return any(values)
+
+    def _run_final_groups(self, epoch: int, session: Session) -> None:
+        if self.upload_task_group_builder is not None:
+            group = self.upload_task_group_builder.build(epoch, self.checkpoint_manager)
+            session.run(group)
+            logger.info("Finished uploading the checkpoints")
+        session.run(self.job.download_group)
+        session.run(self.job.exit_group)
+
+    def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session):
+        """Loads the named leaves of every node's checkpoint of ``epoch`` into the session.
+
+        Returns:
+            False, without raising, if some node's checkpoint of ``epoch`` is missing.
+
+        Raises:
+            ValueError: If the runner has no checkpoint manager.
+        """
+        manager = self.checkpoint_manager
+        if manager is None:
+            raise ValueError("load_blobs_from_checkpoints needs a checkpoint_manager")
+        if isinstance(manager, CheckpointManager):
+            if not manager.check_db_exists(epoch):
+                return False
+            loaded = manager.load_blobs_from_checkpoint(blob_names, epoch)
+            session.workspace = session.workspace.set(loaded)
+            result = True
+        else:
+            result = manager.load_blobs_locally(self._nodes(), blob_names, epoch, session)
+        manager.report_checkpoint_stats("checkpoint_partial_load")
+        return result
+
+    def save_checkpoints(self, epoch: int, session: Session, *, outputs=None) -> None:
+        """Saves the session's persistent workspace as checkpoint ``epoch``.
+
+        A failure follows ``on_save_error``. A failure of the previous
+        epoch's background write surfaces here too.
+
+        Raises:
+            ValueError: If the runner has no checkpoint manager.
+            CheckpointSaveError: Under ``on_save_error="raise"``.
+        """
+        manager = self.checkpoint_manager
+        if manager is None:
+            raise ValueError("save_checkpoints needs a checkpoint_manager")
+        try:
+            if not manager.cp_accessible(epoch=None):
+                raise PermissionError("the checkpoint directory cannot be written")
+            try:
+                manager.save(epoch, session.workspace, outputs=outputs)
+            except CheckpointSaveError as err:
+                if err.epoch == epoch:
+                    raise
+                self._on_save_failure(err)
+            manager.write_checkpoint_metadata(epoch)
+            manager.report_checkpoint_stats("checkpoint_save")
+        except Exception as err:
+            if not isinstance(err, CheckpointSaveError) or err.epoch == epoch:
+                self._on_save_failure(_as_save_error(epoch, manager, err))
+            else:
+                raise
+
+    def _on_save_failure(self, err: CheckpointSaveError) -> None:
+        self.save_errors.append(err)
+        cause = err.__cause__ or err
+        stats = {err.db_name: {"epoch": err.epoch, "error": f"{type(cause).__name__}: {cause}"}}
+        self.checkpoint_manager.metadata_handler.report("checkpoint_save", stats)
+        if self.on_save_error == "raise":
+            raise err
+        logger.warning("Unable to write checkpoint for epoch %d: %s", err.epoch, err)
+
+    def _finish_saves(self) -> None:
+        if self.checkpoint_manager is None:
+            return
+        try:
+            self.checkpoint_manager.wait_until_finished()
+        except CheckpointSaveError as err:
+            self._on_save_failure(err)
+
+    def _complete_pending_after_error(self) -> None:
+        if self.checkpoint_manager is None:
+            return
+        try:
+            self.checkpoint_manager.wait_until_finished()
+        except CheckpointSaveError as err:
+            self.save_errors.append(err)
+            logger.error("While handling an error, a pending save failed too: %s", err)
+
+
+def _as_save_error(epoch: int, manager: Manager, err: BaseException) -> CheckpointSaveError:
+    if isinstance(err, CheckpointSaveError):
+        return err
+    nodes = manager.node_managers
+    where = nodes[0][1].get_ckpt_db_name(nodes[0][0], epoch) if nodes else "?"
+    failure = CheckpointSaveError(epoch, where, err)
+    failure.__cause__ = err
+    return failure

@@ -1,0 +1,273 @@
+"""The on-disk format of one checkpoint directory, written and read through Orbax.
+
+A checkpoint directory ``<db_prefix>/<node>.<epoch>/`` is one Orbax
+``CompositeCheckpointHandler`` checkpoint with these items:
+
+* ``state``: the persistent leaves, one top-level entry per workspace name
+  (Orbax ``PyTreeCheckpointHandler``, OCDBT storage);
+* ``outputs`` (optional): the epoch outputs that the job's stop conditions
+  read, so that auto-resume can re-evaluate them;
+* ``jaxjob``: a JSON manifest: format version, epoch, node, names and, per
+  leaf, its kind (``jax``, ``prng_key``, ``numpy``, ``numpy_scalar``,
+  ``python``) and dtype, so a leaf comes back with its own type even without
+  model code.
+
+Orbax writes to a temporary directory and renames it when every host has
+finished, so a directory with the final name is committed. Nothing is
+unpickled or executed when reading.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+__all__ = ["FORMAT", "Restorable", "describe", "nbytes", "read_manifest", "restore_items"]
+
+FORMAT = 1
+MANIFEST_ITEM = "jaxjob"
+STATE_ITEM = "state"
+OUTPUTS_ITEM = "outputs"
+Restorable = Mapping[str, Any]
+
+
+def _token(key: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def param_name(name: str, path: Iterable[Any]) -> str:
+    """Orbax's name for the leaf at ``path`` under workspace name ``name``."""
+    return ".".join([name, *(_token(k) for k in path)])
+
+
+def _kind(leaf: Any) -> dict[str, str]:
+    if isinstance(leaf, jax.Array):
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            return {"kind": "prng_key", "impl": str(jax.random.key_impl(leaf))}
+        return {"kind": "jax", "dtype": str(leaf.dtype)}
+    if isinstance(leaf, np.ndarray):
+        return {"kind": "numpy", "dtype": str(leaf.dtype)}
+    if isinstance(leaf, np.generic):
+        return {"kind": "numpy_scalar", "dtype": str(leaf.dtype)}
+    if isinstance(leaf, bool | int | float):
+        return {"kind": "python", "dtype": type(leaf).__name__}
+    raise TypeError(
+        f"cannot checkpoint a leaf of type {type(leaf).__name__}; leaves must be jax.Array, "
+        "NumPy arrays or scalars, or Python bool/int/float"
+    )
+
+
+def describe(tree: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Per-leaf kinds of a ``name -> pytree`` mapping, keyed by Orbax leaf name.
+
+    Raises:
+        TypeError: Naming the key path of a leaf that cannot be checkpointed.
+    """
+    kinds: dict[str, dict[str, str]] = {}
+    for name, value in tree.items():
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            try:
+                kinds[param_name(name, path)] = _kind(leaf)
+            except TypeError as err:
+                where = f"[{name!r}]{jax.tree_util.keystr(path)}"
+                raise TypeError(f"workspace leaf {where}: {err}") from None
+    return kinds
+
+
+def nbytes(tree: Any) -> int:
+    """Bytes of the array leaves of ``tree`` that this process holds."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            total += sum(s.data.nbytes for s in leaf.addressable_shards if s.replica_id == 0)
+        else:
+            total += np.asarray(leaf).nbytes
+    return total
+
+
+def save_args(
+    state: Mapping[str, Any], outputs: Mapping[str, Any], manifest: dict[str, Any]
+) -> ocp.args.Composite:
+    """Orbax arguments that save one checkpoint directory."""
+    items: dict[str, Any] = {
+        STATE_ITEM: ocp.args.PyTreeSave(dict(state)),
+        MANIFEST_ITEM: ocp.args.JsonSave(manifest),
+    }
+    if outputs:
+        items[OUTPUTS_ITEM] = ocp.args.PyTreeSave(dict(outputs))
+    return ocp.args.Composite(**items)
+
+
+def composite_handler() -> ocp.CompositeCheckpointHandler:
+    """The Orbax handler of a checkpoint directory, with each item's handler registered."""
+    return ocp.CompositeCheckpointHandler(
+        **{
+            STATE_ITEM: ocp.PyTreeCheckpointHandler(),
+            OUTPUTS_ITEM: ocp.PyTreeCheckpointHandler(),
+            MANIFEST_ITEM: ocp.JsonCheckpointHandler(),
+        }
+    )
+
+
+def _checkpointer() -> ocp.Checkpointer:
+    return ocp.Checkpointer(composite_handler())
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    """Reads the JSON manifest of a committed checkpoint directory.
+
+    Raises:
+        FileNotFoundError: If ``path`` is not a committed jaxjob checkpoint.
+    """
+    if not os.path.isdir(os.path.join(path, MANIFEST_ITEM)):
+        raise FileNotFoundError(
+            f"{path!r} is not a committed jaxjob checkpoint directory (no {MANIFEST_ITEM}/ item)"
+        )
+    restored = _checkpointer().restore(
+        os.path.abspath(path), args=ocp.args.Composite(**{MANIFEST_ITEM: ocp.args.JsonRestore()})
+    )
+    manifest = restored[MANIFEST_ITEM]
+    if manifest.get("format") != FORMAT:
+        raise ValueError(
+            f"{path!r} has checkpoint format {manifest.get('format')!r}; "
+            f"this jaxjob reads format {FORMAT}"
+        )
+    return manifest
+
+
+def _saved_tree(path: str, item: str) -> dict[str, Any]:
+    metadata = _checkpointer().metadata(os.path.abspath(path)).item_metadata[item]
+    return dict(metadata.tree)
+
+
+def _default_sharding(sharding: Any, name: str) -> jax.sharding.Sharding:
+    if isinstance(sharding, Mapping):
+        sharding = sharding.get(name)
+    if sharding is None:
+        return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    if not isinstance(sharding, jax.sharding.Sharding):
+        raise TypeError(
+            f"sharding for {name!r} must be a jax.sharding.Sharding, got {type(sharding).__name__}"
+        )
+    return sharding
+
+
+def _placeholder(meta: Any, kind: dict[str, str], sharding: jax.sharding.Sharding) -> Any:
+    """A restore target for a saved leaf, from its Orbax metadata and manifest kind."""
+    if kind["kind"] in ("jax", "prng_key"):
+        return jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype, sharding=sharding)
+    if kind["kind"] == "numpy":
+        return np.zeros(tuple(meta.shape), meta.dtype)
+    if kind["kind"] == "numpy_scalar":
+        return {"b": False, "f": 0.0, "c": 0j}.get(np.dtype(kind["dtype"]).kind, 0)
+    return {"bool": False, "int": 0, "float": 0.0}[kind["dtype"]]
+
+
+def _fix_type(leaf: Any, kind: dict[str, str]) -> Any:
+    if kind["kind"] == "prng_key" and not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(leaf, impl=kind["impl"])
+    if kind["kind"] == "numpy_scalar":
+        return np.dtype(kind["dtype"]).type(leaf)
+    if kind["kind"] == "python":
+        return {"bool": bool, "int": int, "float": float}[kind["dtype"]](leaf)
+    return leaf
+
+
+def _check_target(name: str, target: Any, saved: Any, kinds: Mapping[str, Any]) -> None:
+    """Raises ValueError naming the key path where ``target`` and the saved leaves differ."""
+    saved_leaves = {m.name: m for m in jax.tree.leaves(saved) if hasattr(m, "name")}
+    wanted = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]:
+        wanted[param_name(name, path)] = (f"[{name!r}]{jax.tree_util.keystr(path)}", leaf)
+    missing = sorted(k for k in wanted if k not in saved_leaves)
+    extra = sorted(k for k in saved_leaves if k not in wanted)
+    if missing or extra:
+        raise ValueError(
+            f"structure mismatch for {name!r}: the target has leaves the checkpoint lacks "
+            f"{[wanted[k][0] for k in missing]} and the checkpoint has leaves the target lacks "
+            f"{extra}"
+        )
+    for key, (where, leaf) in wanted.items():
+        _check_leaf(where, leaf, saved_leaves[key], kinds.get(key, {}))
+
+
+def _check_leaf(where: str, leaf: Any, meta: Any, kind: Mapping[str, str]) -> None:
+    shape, dtype = tuple(np.shape(leaf)), getattr(leaf, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        shape, dtype = tuple(jax.eval_shape(jax.random.key_data, leaf).shape), None
+        if kind.get("kind") != "prng_key":
+            raise ValueError(f"{where}: the target is a PRNG key but the checkpoint holds {kind}")
+    if shape != tuple(meta.shape):
+        raise ValueError(f"{where}: shape mismatch: target {shape}, checkpoint {tuple(meta.shape)}")
+    if dtype is not None and np.dtype(dtype) != np.dtype(meta.dtype):
+        raise ValueError(f"{where}: dtype mismatch: target {dtype}, checkpoint {meta.dtype}")
+
+
+def restore_items(
+    path: str,
+    names: Iterable[str],
+    *,
+    item: str = STATE_ITEM,
+    targets: Mapping[str, Any] | None = None,
+    sharding: Any = None,
+    manifest: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Restores the named entries of one item of a checkpoint directory.
+
+    Only the requested leaves are read. A name with a target (a pytree of
+    ``jax.ShapeDtypeStruct`` with shardings, as the init group's abstract
+    trace gives) is checked against the checkpoint and restored with the
+    target's pytree types and shardings. Any other name comes back with the
+    checkpoint's containers (dicts and lists) and its saved leaf types; its
+    ``jax.Array`` leaves go to ``sharding`` (a Sharding, or a mapping from
+    name to Sharding), by default the first device.
+
+    Raises:
+        ValueError: If a target's structure, shape or dtype differs from the
+            checkpoint (naming the key path).
+    """
+    path = os.path.abspath(path)
+    manifest = manifest or read_manifest(path)
+    names = list(names)
+    if not names:
+        return {}
+    kinds = manifest["leaves"]
+    saved = _saved_tree(path, item)
+    restore_item: dict[str, Any] = {}
+    for name in names:
+        if targets is not None and name in targets:
+            _check_target(name, targets[name], saved[name], kinds)
+            restore_item[name] = targets[name]
+        else:
+            shard = _default_sharding(sharding, name)
+            restore_item[name] = jax.tree.map(
+                lambda m, s=shard: _placeholder(m, kinds[m.name], s), saved[name]
+            )
+    restore_args = ocp.checkpoint_utils.construct_restore_args(restore_item)
+    args = ocp.args.PyTreeRestore(
+        item=restore_item, restore_args=restore_args, partial_restore=True
+    )
+    restored = _checkpointer().restore(path, args=ocp.args.Composite(**{item: args}))[item]
+    return {name: _retyped(name, restored[name], kinds) for name in names}
+
+
+def _retyped(name: str, value: Any, kinds: Mapping[str, Any]) -> Any:
+    def fix(path: Any, leaf: Any) -> Any:
+        return _fix_type(leaf, kinds.get(param_name(name, path), {"kind": "jax"}))
+
+    return jax.tree_util.tree_map_with_path(fix, value)
+
+
+def saved_shapes(path: str) -> dict[str, Any]:
+    """Shapes and dtypes of every saved state leaf (``jax.ShapeDtypeStruct`` s), reading no data."""
+    saved = _saved_tree(os.path.abspath(path), STATE_ITEM)
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), saved)
