@@ -7,7 +7,9 @@ import re
 
 import orbax.checkpoint as ocp
 
-__all__ = ["committed_epochs", "db_name", "get_ckpt_filename"]
+__all__ = ["committed_epochs", "db_name", "get_ckpt_filename", "is_committed"]
+
+MANIFEST_ITEM = "jaxjob"
 
 
 def get_ckpt_filename(node_name: str, epoch: int) -> str:
@@ -53,6 +55,14 @@ def committed_epochs(db_prefix: str, node_name: str, path_prefix: str | None = N
     for entry in entries:
         match = pattern.fullmatch(entry)
         full = os.path.join(directory, entry)
-        if match and os.path.isdir(full) and ocp.utils.is_checkpoint_finalized(full):
+        if match and is_committed(full):
             epochs.append(int(match.group(1)))
     return sorted(epochs)
+
+
+def is_committed(path: str) -> bool:
+    """Whether ``path`` is a jaxjob checkpoint that Orbax has finalized."""
+    return (
+        os.path.isdir(os.path.join(path, MANIFEST_ITEM))
+        and ocp.utils.is_checkpoint_finalized(path)
+    )

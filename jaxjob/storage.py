@@ -28,10 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxjob.layout import MANIFEST_ITEM
+
 __all__ = ["FORMAT", "Restorable", "describe", "nbytes", "read_manifest", "restore_items"]
 
 FORMAT = 1
-MANIFEST_ITEM = "jaxjob"
 STATE_ITEM = "state"
 OUTPUTS_ITEM = "outputs"
 Restorable = Mapping[str, Any]

@@ -1,3 +1,4 @@
-import jax
+import os
+import sys
 
-jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, os.path.dirname(__file__))

@@ -19,9 +19,9 @@ def build_pipeline(node_id: int) -> str:
         @job.init_group.task
         def init(ws):
             return {
-                f"{prefix}/records": jnp.arange(NUM_RECORDS, dtype=jnp.int64),
+                f"{prefix}/records": jnp.arange(NUM_RECORDS, dtype=jnp.int32),
                 f"{prefix}/cursor": jnp.zeros((), jnp.int32),
-                f"{prefix}/total": jnp.array([100], jnp.int64),
+                f"{prefix}/total": jnp.array([100], jnp.int32),
             }
 
         @job.epoch_group.task

@@ -1,0 +1,114 @@
+"""A training job for the exactness tests, run as a child process.
+
+Usage: python exact_job.py CKPT_DIR OUT_NPZ [--die-in-epoch K | --die-after-save K]
+
+Dies with SIGKILL at the asked-for moment; otherwise trains 6 epochs and
+writes the final workspace (leaf bytes, dtypes and pytree structure) to OUT_NPZ.
+"""
+
+import argparse
+import os
+import signal
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import jaxjob
+
+EPOCHS = 6
+tx = optax.adam(1e-2)
+
+
+def build_job(die_in_epoch: int | None) -> jaxjob.Job:
+    job = jaxjob.Job()
+
+    @job.init_group.task
+    def init(ws):
+        k1, k2 = jax.random.split(jax.random.key(0))
+        params = {"w": jax.random.normal(k1, (8, 4)), "b": jnp.zeros(4)}
+        return {
+            "params": params,
+            "opt_state": tx.init(params),
+            "rng": k2,
+            "ema": jnp.zeros((8, 4), jnp.bfloat16),
+        }
+
+    @job.epoch_group.task
+    def train_epoch(ws):
+        rng, data_key = jax.random.split(ws["rng"])
+        xs = jax.random.normal(data_key, (5, 16, 8))
+
+        def step(carry, x):
+            params, opt_state = carry
+            loss, grads = jax.value_and_grad(
+                lambda p: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+            )(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        (params, opt_state), losses = jax.lax.scan(step, (ws["params"], ws["opt_state"]), xs)
+        ema = (0.9 * ws["ema"] + 0.1 * params["w"]).astype(jnp.bfloat16)
+        return {"params": params, "opt_state": opt_state, "rng": rng, "ema": ema,
+                "loss": losses.mean()}
+
+    jaxjob.epoch_limiter(job, EPOCHS)
+    if die_in_epoch is not None:
+        @job.epoch_group.task(jit=False)
+        def maybe_die(ws):
+            if int(ws[jaxjob.job.EPOCH_COUNTER]) == die_in_epoch:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return job
+
+
+class DyingManager(jaxjob.CheckpointManager):
+    """Dies right after save() returns for one epoch: the async write is in flight."""
+
+    def __init__(self, db_prefix, die_after_save):
+        super().__init__(db_prefix)
+        self.die_after_save = die_after_save
+
+    def save(self, epoch, workspace, *, outputs=None):
+        super().save(epoch, workspace, outputs=outputs)
+        if epoch == self.die_after_save:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dump(ws, path):
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(ws)
+    arrays, kinds = {}, []
+    for i, (keypath, leaf) in enumerate(leaves):
+        kinds.append(f"{jax.tree_util.keystr(keypath)}:{type(leaf).__name__}:{leaf.dtype}:{leaf.sharding}")
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        arrays[f"leaf{i}"] = np.asarray(leaf).reshape(-1).view(np.uint8)
+    np.savez(path, treedef=str(treedef), kinds=np.array(kinds), **arrays)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("ckpt_dir")
+    parser.add_argument("out")
+    parser.add_argument("--die-in-epoch", type=int)
+    parser.add_argument("--die-after-save", type=int)
+    parser.add_argument("--sleep-per-epoch", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    job = build_job(args.die_in_epoch)
+    if args.sleep_per_epoch:
+        import time
+        job.epoch_group.add(lambda ws: time.sleep(args.sleep_per_epoch), jit=False)
+    if args.die_after_save is not None:
+        ckpt = DyingManager(args.ckpt_dir, args.die_after_save)
+    else:
+        ckpt = jaxjob.CheckpointManager(args.ckpt_dir)
+    session = jaxjob.Session()
+    last = jaxjob.JobRunner(job, ckpt).train(session)
+    print(f"finished at epoch {last}", flush=True)
+    dump(session.workspace, args.out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

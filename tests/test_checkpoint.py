@@ -1,0 +1,180 @@
+"""CheckpointManager: layout, async saves, commit visibility, round trips and errors."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxjob
+from jaxjob.checkpoint import CheckpointSaveError
+
+
+def _tree():
+    params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3, jnp.bfloat16)}
+    return {
+        "params": params,
+        "opt_state": optax.adam(1e-3).init(params),
+        "rng": jax.random.key(42),
+        "cursor": np.array([3, 4], np.int32),
+        "step": 7,
+        "lr": 0.5,
+        "flag": True,
+        "np_scalar": np.float32(2.5),
+    }
+
+
+def _assert_same(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        assert type(x) is type(y)
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            assert x.dtype == y.dtype
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        assert np.asarray(x).dtype == np.asarray(y).dtype
+
+
+def test_round_trip_with_targets_keeps_types(tmp_path):
+    """NamedTuple optimizer states, typed keys, bfloat16, NumPy and Python leaves round-trip exactly."""
+    tree = _tree()
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, tree)
+    ckpt.wait_until_finished()
+    assert os.path.isdir(tmp_path / "local.0")
+    targets = {k: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree[k])
+               for k in ("params", "opt_state", "rng")}
+    _assert_same(dict(ckpt.load(0, targets=targets)), tree)
+
+
+def test_restore_without_model_code_keeps_leaf_types(tmp_path):
+    """Without targets, containers come back as dicts/lists but every leaf keeps its type."""
+    tree = _tree()
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(3, tree)
+    ckpt.wait_until_finished()
+    restored = jaxjob.restore(str(tmp_path))
+    for name in ("params", "rng", "cursor", "step", "lr", "flag", "np_scalar"):
+        _assert_same(restored[name], tree[name])
+    assert restored["opt_state"][0]["count"].dtype == jnp.int32
+
+
+def test_donation_and_async_save_keep_each_epochs_values(tmp_path):
+    """Each epoch's checkpoint holds that epoch's values although the next epoch donates the buffers."""
+    job = jaxjob.Job()
+    job.init_group.add(lambda ws: {"x": jnp.zeros((256, 256))})
+    job.epoch_group.add(lambda ws: {"x": ws["x"] + 1})
+    jaxjob.epoch_limiter(job, 5)
+    session = jaxjob.Session()
+    assert jaxjob.JobRunner(job, jaxjob.CheckpointManager(str(tmp_path))).train(session) == 5
+    for epoch in range(6):
+        x = jaxjob.restore(str(tmp_path), epoch=epoch, leaves=["x"])["x"]
+        assert float(x.min()) == float(x.max()) == epoch
+
+
+def test_epoch_is_visible_only_when_committed(tmp_path):
+    """An uncommitted (temporary) directory is never listed or resumed from."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"x": jnp.ones(3)})
+    ckpt.wait_until_finished()
+    (tmp_path / "local.1.orbax-checkpoint-tmp-123").mkdir()
+    (tmp_path / "local.2").mkdir()  # no commit marker, no manifest
+    assert ckpt.committed_epochs() == [0]
+    assert ckpt.get_resume_from_epoch_id() is None  # set_params not called: no nodes known
+    ckpt.set_params(nodes=["local"])
+    assert ckpt.get_resume_from_epoch_id() == 0
+
+
+def test_resave_of_a_committed_epoch_replaces_it(tmp_path):
+    """Saving an epoch again replaces it once the new one is committed."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(1, {"x": jnp.zeros(2)})
+    ckpt.save(1, {"x": jnp.ones(2)})
+    ckpt.wait_until_finished()
+    assert ckpt.load(1)["x"].tolist() == [1.0, 1.0]
+    assert sorted(os.listdir(tmp_path)) == ["jaxjob_metadata.jsonl", "local.1"] or sorted(
+        os.listdir(tmp_path)
+    ) == ["local.1"]
+
+
+def test_missing_epoch_lists_committed_ones(tmp_path):
+    """Loading an epoch that is not committed names the committed epochs."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    for epoch in (0, 1):
+        ckpt.save(epoch, {"x": jnp.ones(1)})
+    ckpt.wait_until_finished()
+    with pytest.raises(FileNotFoundError, match=r"epoch 7 .*committed epochs: \[0, 1\]"):
+        ckpt.load(7)
+    with pytest.raises(FileNotFoundError, match=r"epoch 7 .*committed epochs: \[0, 1\]"):
+        jaxjob.restore(str(tmp_path), epoch=7)
+
+
+def test_unknown_leaf_names_list_available(tmp_path):
+    """Restoring unknown names raises KeyError listing what the checkpoint holds."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"params": jnp.ones(1), "opt_state": jnp.zeros(1)})
+    ckpt.wait_until_finished()
+    with pytest.raises(KeyError, match=r"\['parms'\].*available: \['opt_state', 'params'\]"):
+        jaxjob.restore(str(tmp_path), leaves=["parms"])
+
+
+def test_target_mismatch_names_the_key_path(tmp_path):
+    """A target whose shape, dtype or structure differs names the key path."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"params": {"w": jnp.ones((2, 3)), "b": jnp.ones(3)}})
+    ckpt.wait_until_finished()
+    sds = jax.ShapeDtypeStruct
+    with pytest.raises(ValueError, match=r"\['params'\]\['w'\]: shape mismatch: target \(3, 3\)"):
+        ckpt.load(0, targets={"params": {"w": sds((3, 3), jnp.float32), "b": sds((3,), jnp.float32)}})
+    with pytest.raises(ValueError, match=r"\['params'\]\['b'\]: dtype mismatch: target int32"):
+        ckpt.load(0, targets={"params": {"w": sds((2, 3), jnp.float32), "b": sds((3,), jnp.int32)}})
+    with pytest.raises(ValueError, match=r"structure mismatch for 'params'.*\['params'\]\['v'\]"):
+        ckpt.load(0, targets={"params": {"w": sds((2, 3), jnp.float32), "v": sds((3,), jnp.float32)}})
+
+
+def test_unwritable_directory_raises_a_clear_error(tmp_path):
+    """Saving under a regular file raises an OSError naming db_prefix; nothing committed is lost."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    ckpt = jaxjob.CheckpointManager(str(blocker / "ckpt"))
+    with pytest.raises(NotADirectoryError, match=r"db_prefix .*file/ckpt.* is not a writable directory"):
+        ckpt.save(0, {"x": jnp.ones(1)})
+    assert [f.epoch for f in ckpt.failures] == [0]
+
+
+def test_bad_arguments():
+    """Bad constructor arguments name the argument, the value and what is expected."""
+    with pytest.raises(ValueError, match=r"db_type must be one of \('orbax',\), got 'minidb'"):
+        jaxjob.CheckpointManager("/tmp/x", "n", "minidb")
+    with pytest.raises(ValueError, match="on_save_error must be one of"):
+        jaxjob.JobRunner(jaxjob.Job(), on_save_error="ignore")
+    with pytest.raises(ValueError, match="handles one node"):
+        jaxjob.CheckpointManager("/tmp/x").init(["a", "b"])
+
+
+def test_multinode_reinit(tmp_path):
+    """Re-init with the same nodes is a no-op; with other nodes a ValueError."""
+    ckpt = jaxjob.MultiNodeCheckpointManager(str(tmp_path))
+    ckpt.init(["a", "b"])
+    managers = ckpt.node_managers
+    ckpt.init(["a", "b"])
+    assert ckpt.node_managers == managers
+    with pytest.raises(ValueError, match=r"initialised with nodes \['a', 'b'\], got nodes \['a'\]"):
+        ckpt.init(["a"])
+
+
+def test_multinode_stats_report_every_node(tmp_path):
+    """report_checkpoint_stats aggregates each node's duration and bytes."""
+    handler = jaxjob.DiskMetadataHandler()
+    ckpt = jaxjob.MultiNodeCheckpointManager(str(tmp_path), metadata_handler=handler)
+    ckpt.init(["a", "b"], key_nodes={"x": "a", "y": "b"})
+    ckpt.save(0, {"x": jnp.zeros(1000), "y": jnp.zeros(10)})
+    ckpt.report_checkpoint_stats("checkpoint_save")
+    ckpt.wait_until_finished()
+    stats = handler.history[-1]["stats"]
+    assert set(stats) == {f"{tmp_path}/a.0", f"{tmp_path}/b.0"}
+    assert stats[f"{tmp_path}/a.0"]["bytes"] == 4000
+    assert stats[f"{tmp_path}/b.0"]["bytes"] == 40
+    assert all(s["duration_s"] >= 0 for s in stats.values())
