@@ -62,7 +62,6 @@ def committed_epochs(db_prefix: str, node_name: str, path_prefix: str | None = N
 
 def is_committed(path: str) -> bool:
     """Whether ``path`` is a jaxjob checkpoint that Orbax has finalized."""
-    return (
-        os.path.isdir(os.path.join(path, MANIFEST_ITEM))
-        and ocp.utils.is_checkpoint_finalized(path)
+    return os.path.isdir(os.path.join(path, MANIFEST_ITEM)) and ocp.utils.is_checkpoint_finalized(
+        path
     )

@@ -43,19 +43,23 @@ def build_job(die_in_epoch: int | None) -> jaxjob.Job:
 
         def step(carry, x):
             params, opt_state = carry
-            loss, grads = jax.value_and_grad(
-                lambda p: jnp.mean((x @ p["w"] + p["b"]) ** 2)
-            )(params)
+            loss, grads = jax.value_and_grad(lambda p: jnp.mean((x @ p["w"] + p["b"]) ** 2))(params)
             updates, opt_state = tx.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), loss
 
         (params, opt_state), losses = jax.lax.scan(step, (ws["params"], ws["opt_state"]), xs)
         ema = (0.9 * ws["ema"] + 0.1 * params["w"]).astype(jnp.bfloat16)
-        return {"params": params, "opt_state": opt_state, "rng": rng, "ema": ema,
-                "loss": losses.mean()}
+        return {
+            "params": params,
+            "opt_state": opt_state,
+            "rng": rng,
+            "ema": ema,
+            "loss": losses.mean(),
+        }
 
     jaxjob.epoch_limiter(job, EPOCHS)
     if die_in_epoch is not None:
+
         @job.epoch_group.task(jit=False)
         def maybe_die(ws):
             if int(ws[jaxjob.job.EPOCH_COUNTER]) == die_in_epoch:
@@ -81,7 +85,9 @@ def dump(ws, path):
     leaves, treedef = jax.tree_util.tree_flatten_with_path(ws)
     arrays, kinds = {}, []
     for i, (keypath, leaf) in enumerate(leaves):
-        kinds.append(f"{jax.tree_util.keystr(keypath)}:{type(leaf).__name__}:{leaf.dtype}:{leaf.sharding}")
+        kinds.append(
+            f"{jax.tree_util.keystr(keypath)}:{type(leaf).__name__}:{leaf.dtype}:{leaf.sharding}"
+        )
         if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
         arrays[f"leaf{i}"] = np.asarray(leaf).reshape(-1).view(np.uint8)
@@ -99,6 +105,7 @@ def main(argv):
     job = build_job(args.die_in_epoch)
     if args.sleep_per_epoch:
         import time
+
         job.epoch_group.add(lambda ws: time.sleep(args.sleep_per_epoch), jit=False)
     if args.die_after_save is not None:
         ckpt = DyingManager(args.ckpt_dir, args.die_after_save)

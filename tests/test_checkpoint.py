@@ -9,7 +9,6 @@ import optax
 import pytest
 
 import jaxjob
-from jaxjob.checkpoint import CheckpointSaveError
 
 
 def _tree():
@@ -38,14 +37,18 @@ def _assert_same(a, b):
 
 
 def test_round_trip_with_targets_keeps_types(tmp_path):
-    """NamedTuple optimizer states, typed keys, bfloat16, NumPy and Python leaves round-trip exactly."""
+    """NamedTuple states, typed keys, bfloat16, NumPy and Python leaves round-trip exactly."""
     tree = _tree()
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     ckpt.save(0, tree)
     ckpt.wait_until_finished()
     assert os.path.isdir(tmp_path / "local.0")
-    targets = {k: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree[k])
-               for k in ("params", "opt_state", "rng")}
+    targets = {
+        k: jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree[k]
+        )
+        for k in ("params", "opt_state", "rng")
+    }
     _assert_same(dict(ckpt.load(0, targets=targets)), tree)
 
 
@@ -62,7 +65,7 @@ def test_restore_without_model_code_keeps_leaf_types(tmp_path):
 
 
 def test_donation_and_async_save_keep_each_epochs_values(tmp_path):
-    """Each epoch's checkpoint holds that epoch's values although the next epoch donates the buffers."""
+    """Each epoch's checkpoint holds its own values though the next epoch donates the buffers."""
     job = jaxjob.Job()
     job.init_group.add(lambda ws: {"x": jnp.zeros((256, 256))})
     job.epoch_group.add(lambda ws: {"x": ws["x"] + 1})
@@ -127,11 +130,15 @@ def test_target_mismatch_names_the_key_path(tmp_path):
     ckpt.wait_until_finished()
     sds = jax.ShapeDtypeStruct
     with pytest.raises(ValueError, match=r"\['params'\]\['w'\]: shape mismatch: target \(3, 3\)"):
-        ckpt.load(0, targets={"params": {"w": sds((3, 3), jnp.float32), "b": sds((3,), jnp.float32)}})
+        ckpt.load(
+            0, targets={"params": {"w": sds((3, 3), jnp.float32), "b": sds((3,), jnp.float32)}}
+        )
     with pytest.raises(ValueError, match=r"\['params'\]\['b'\]: dtype mismatch: target int32"):
         ckpt.load(0, targets={"params": {"w": sds((2, 3), jnp.float32), "b": sds((3,), jnp.int32)}})
     with pytest.raises(ValueError, match=r"structure mismatch for 'params'.*\['params'\]\['v'\]"):
-        ckpt.load(0, targets={"params": {"w": sds((2, 3), jnp.float32), "v": sds((3,), jnp.float32)}})
+        ckpt.load(
+            0, targets={"params": {"w": sds((2, 3), jnp.float32), "v": sds((3,), jnp.float32)}}
+        )
 
 
 def test_unwritable_directory_raises_a_clear_error(tmp_path):
@@ -139,7 +146,9 @@ def test_unwritable_directory_raises_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     ckpt = jaxjob.CheckpointManager(str(blocker / "ckpt"))
-    with pytest.raises(NotADirectoryError, match=r"db_prefix .*file/ckpt.* is not a writable directory"):
+    with pytest.raises(
+        NotADirectoryError, match=r"db_prefix .*file/ckpt.* is not a writable directory"
+    ):
         ckpt.save(0, {"x": jnp.ones(1)})
     assert [f.epoch for f in ckpt.failures] == [0]
 

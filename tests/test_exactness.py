@@ -1,4 +1,4 @@
-"""Resume is exact: a job killed with SIGKILL and restarted ends bitwise equal to an uninterrupted run."""
+"""Resume is exact: a job killed with SIGKILL and restarted ends bitwise equal to a clean run."""
 
 import os
 import signal
@@ -17,7 +17,9 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "exact_job.py")
 def _run(ckpt, out, *extra, expect_kill=False):
     proc = subprocess.run(
         [sys.executable, SCRIPT, str(ckpt), str(out), *extra],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if expect_kill:
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
@@ -48,7 +50,7 @@ def reference(tmp_path_factory):
     "how", [("--die-in-epoch", "3"), ("--die-after-save", "2"), ("--die-after-save", "0")]
 )
 def test_sigkill_then_restart_is_bitwise_exact(tmp_path, reference, how):
-    """Killed mid-epoch or with an async save in flight, the restarted job ends as the uninterrupted one."""
+    """Killed mid-epoch or with a save in flight, the restarted job ends as an uninterrupted one."""
     _run(tmp_path / "ckpt", tmp_path / "dead.npz", *how, expect_kill=True)
     committed = jaxjob.CheckpointManager(str(tmp_path / "ckpt")).committed_epochs()
     assert committed == list(range(len(committed)))  # every earlier epoch intact
@@ -63,7 +65,9 @@ def test_external_sigkill_at_a_random_moment(tmp_path, reference):
     args = [sys.executable, SCRIPT, str(ckpt), str(tmp_path / "x.npz"), "--sleep-per-epoch", "0.3"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while time.time() < deadline and not (ckpt.exists() and any(p.name.startswith("local.2") for p in ckpt.iterdir())):
+    while time.time() < deadline and not (
+        ckpt.exists() and any(p.name.startswith("local.2") for p in ckpt.iterdir())
+    ):
         time.sleep(0.05)
     time.sleep(0.15)
     proc.send_signal(signal.SIGKILL)

@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 
-
 SAVE = """
 import jax, jax.numpy as jnp, numpy as np, jaxjob
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -37,7 +36,9 @@ print("ok", jax.device_count())
 def _python(code, devices, prefix):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     code = f"PREFIX = {str(prefix)!r}\n" + textwrap.dedent(code)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

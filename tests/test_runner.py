@@ -23,19 +23,26 @@ def _counting_job(num_epochs, log=None):
 def test_rerun_of_finished_job_is_idempotent_and_larger_limit_continues(tmp_path):
     """Same limit: no new epoch (exit still runs); a larger limit continues from the last epoch."""
     log = []
-    assert jaxjob.JobRunner(_counting_job(3, log), jaxjob.CheckpointManager(str(tmp_path))).train(
-        jaxjob.Session()
-    ) == 3
+    assert (
+        jaxjob.JobRunner(_counting_job(3, log), jaxjob.CheckpointManager(str(tmp_path))).train(
+            jaxjob.Session()
+        )
+        == 3
+    )
     session = jaxjob.Session()
-    assert jaxjob.JobRunner(_counting_job(3, log), jaxjob.CheckpointManager(str(tmp_path))).train(
-        session
-    ) == 3
+    assert (
+        jaxjob.JobRunner(_counting_job(3, log), jaxjob.CheckpointManager(str(tmp_path))).train(
+            session
+        )
+        == 3
+    )
     assert log == [3.0, 3.0]
     assert jaxjob.CheckpointManager(str(tmp_path)).committed_epochs() == [0, 1, 2, 3]
     session = jaxjob.Session()
-    assert jaxjob.JobRunner(_counting_job(5), jaxjob.CheckpointManager(str(tmp_path))).train(
-        session
-    ) == 5
+    assert (
+        jaxjob.JobRunner(_counting_job(5), jaxjob.CheckpointManager(str(tmp_path))).train(session)
+        == 5
+    )
     assert float(session.workspace["x"]) == 5.0
 
 
@@ -45,7 +52,9 @@ def test_stop_condition_on_an_output_is_saved_with_the_checkpoint(tmp_path):
     job.init_group.add(lambda ws: {"x": jnp.zeros(())})
     job.epoch_group.add(lambda ws: {"x": ws["x"] + 1, "done": ws["x"] + 1 >= 2})
     job.add_stop_condition(lambda ws: ws["done"])
-    assert jaxjob.JobRunner(job, jaxjob.CheckpointManager(str(tmp_path))).train(jaxjob.Session()) == 2
+    assert (
+        jaxjob.JobRunner(job, jaxjob.CheckpointManager(str(tmp_path))).train(jaxjob.Session()) == 2
+    )
     session = jaxjob.Session()
     assert jaxjob.JobRunner(job, jaxjob.CheckpointManager(str(tmp_path))).train(session) == 2
     assert sorted(session.workspace) == ["x"]  # the output is not persistent state
@@ -93,7 +102,9 @@ def test_async_failure_raises_under_raise_policy(tmp_path, monkeypatch):
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     runner = jaxjob.JobRunner(_counting_job(3), ckpt, on_save_error="raise")
     _fail_background_write_once(monkeypatch)
-    with pytest.raises(CheckpointSaveError, match="saving checkpoint epoch 0 .* injected: disk full"):
+    with pytest.raises(
+        CheckpointSaveError, match="saving checkpoint epoch 0 .* injected: disk full"
+    ):
         runner.train(jaxjob.Session())
     assert ckpt._pending is None  # the save in flight was completed before train returned
     assert 1 in ckpt.committed_epochs()  # epoch 1 was in flight when train raised

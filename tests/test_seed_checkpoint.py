@@ -38,9 +38,7 @@ def test_train_resume_and_load(tmp_path, kind):
     returned = []
     for initial_epoch in range(1, 5):
         session, ckpt = builder()
-        returned.append(
-            jaxjob.JobRunner(job, ckpt, resume_from_epoch=initial_epoch).train(session)
-        )
+        returned.append(jaxjob.JobRunner(job, ckpt, resume_from_epoch=initial_epoch).train(session))
         assert session.workspace[total].tolist() == [145]
     assert returned == [4, 4, 4, 5]
 
@@ -152,7 +150,7 @@ def test_upload_checkpoint(tmp_path):
 
 
 def test_save_failure_does_not_fail_the_job(tmp_path):
-    """Every save failing (prefix under a regular file) still trains 4 epochs; failures are recorded."""
+    """Every save failing (prefix under a regular file) still trains 4 epochs; failures recorded."""
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     for node_id in range(3):
@@ -171,23 +169,22 @@ def test_save_failure_does_not_fail_the_job(tmp_path):
 
 def test_download_group_runs_after_the_epochs():
     """The download group sees the trained values (epoch_limiter(1): all 2.0)."""
-    with jaxjob.Job() as job:
-        with jaxjob.Node("trainer:0"):
+    with jaxjob.Job() as job, jaxjob.Node("trainer:0"):
 
-            @job.init_group.task
-            def init(ws):
-                ones = jnp.ones(8, jnp.float32)
-                return {n: ones for n in ["input1", "input2", "output", "download_result"]}
+        @job.init_group.task
+        def init(ws):
+            ones = jnp.ones(8, jnp.float32)
+            return {n: ones for n in ["input1", "input2", "output", "download_result"]}
 
-            @job.epoch_group.task
-            def add(ws):
-                return {"output": ws["input1"] + ws["input2"]}
+        @job.epoch_group.task
+        def add(ws):
+            return {"output": ws["input1"] + ws["input2"]}
 
-            @job.download_group.task
-            def download(ws):
-                return {"download_result": ws["output"]}
+        @job.download_group.task
+        def download(ws):
+            return {"download_result": ws["output"]}
 
-            jaxjob.epoch_limiter(job, 1)
+        jaxjob.epoch_limiter(job, 1)
 
     session = jaxjob.Session()
     assert jaxjob.JobRunner(job).train(session) == 1

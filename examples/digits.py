@@ -1,0 +1,136 @@
+"""Train an MLP on scikit-learn's bundled digits with optax, checkpointing every epoch.
+
+Run it, interrupt it (Ctrl-C or kill -9), run it again: it resumes from the
+last finished epoch and ends exactly where an uninterrupted run would.
+
+    python examples/digits.py --epochs 10 --ckpt-dir runs/digits
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from sklearn.datasets import load_digits
+
+import jaxjob
+
+BATCH = 64
+tx = optax.adam(1e-3)
+
+
+def load_data():
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int32)
+    order = np.random.default_rng(0).permutation(len(x))
+    x, y = x[order], y[order]
+    split = len(x) * 4 // 5
+    return (x[:split], y[:split]), (x[split:], y[split:])
+
+
+def init_params(key, sizes=(64, 128, 10)):
+    params = []
+    for k, (m, n) in zip(
+        jax.random.split(key, len(sizes) - 1), zip(sizes, sizes[1:], strict=False), strict=True
+    ):
+        params.append({"w": jax.random.normal(k, (m, n)) * jnp.sqrt(2.0 / m), "b": jnp.zeros(n)})
+    return params
+
+
+def predict(params, x):
+    for layer in params[:-1]:
+        x = jax.nn.relu(x @ layer["w"] + layer["b"])
+    return x @ params[-1]["w"] + params[-1]["b"]
+
+
+def loss_fn(params, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(predict(params, x), y).mean()
+
+
+def build_job(train, test, num_epochs):
+    (x_train, y_train), (x_test, y_test) = train, test
+    steps = len(x_train) // BATCH
+    job = jaxjob.Job()
+
+    @job.init_group.task
+    def init(ws):
+        params = init_params(jax.random.key(0))
+        return {"params": params, "opt_state": tx.init(params), "rng": jax.random.key(1)}
+
+    @job.epoch_group.task
+    def train_epoch(ws):
+        rng, shuffle_key = jax.random.split(ws["rng"])
+        order = jax.random.permutation(shuffle_key, len(x_train))[: steps * BATCH]
+        xs = jnp.asarray(x_train)[order].reshape(steps, BATCH, -1)
+        ys = jnp.asarray(y_train)[order].reshape(steps, BATCH)
+
+        def step(carry, batch):
+            params, opt_state = carry
+            loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        (params, opt_state), losses = jax.lax.scan(step, (ws["params"], ws["opt_state"]), (xs, ys))
+        accuracy = (predict(params, x_test).argmax(-1) == y_test).mean()
+        return {
+            "params": params,
+            "opt_state": opt_state,
+            "rng": rng,
+            "loss": losses.mean(),
+            "accuracy": accuracy,
+        }
+
+    jaxjob.epoch_limiter(job, num_epochs)
+    return job
+
+
+class Progress:
+    """Prints epoch, loss, accuracy and checkpoint time (a host task at the end of each epoch)."""
+
+    def __init__(self, ckpt):
+        self.ckpt = ckpt
+        self.last = time.perf_counter()
+
+    def __call__(self, ws):
+        now = time.perf_counter()
+        stats = {}
+        if self.ckpt is not None:
+            self.ckpt.collect_checkpoint_stats(stats)
+        ckpt_s = sum(s.get("duration_s", 0.0) for s in stats.values())
+        print(
+            f"epoch {int(ws[jaxjob.job.EPOCH_COUNTER]):3d}  loss {float(ws['loss']):.4f}  "
+            f"accuracy {float(ws['accuracy']):.4f}  epoch {now - self.last:.3f}s  "
+            f"previous save {ckpt_s * 1000:.1f}ms",
+            flush=True,
+        )
+        self.last = now
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=10, help="total epochs (default 10)")
+    parser.add_argument("--ckpt-dir", default="runs/digits", help="checkpoint directory")
+    parser.add_argument("--no-checkpoint", action="store_true", help="train without checkpoints")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    train, test = load_data()
+    job = build_job(train, test, args.epochs)
+    ckpt = None if args.no_checkpoint else jaxjob.CheckpointManager(args.ckpt_dir)
+    job.epoch_group.add(Progress(ckpt), jit=False, name="progress")
+    session = jaxjob.Session()
+    start = time.perf_counter()
+    last = jaxjob.JobRunner(job, ckpt).train(session)
+    params = session.workspace["params"]
+    _, (x_test, y_test) = train, test
+    accuracy = float((predict(params, x_test).argmax(-1) == y_test).mean())
+    print(f"done: epoch {last}, test accuracy {accuracy:.4f}, {time.perf_counter() - start:.2f}s")
+
+
+if __name__ == "__main__":
+    main()
