@@ -1,0 +1,78 @@
+"""jaxjob launch: environment, output prefixes, exit codes, stopping the others on failure."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+import jaxjob.cli
+
+
+def _launch(*args, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "jaxjob.cli", "launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_prefixes_and_environment():
+    """Each process sees its id, the count and a coordinator; its lines are prefixed."""
+    code = (
+        "import os; e = os.environ; print(e['JAXJOB_PROCESS_ID'], e['JAXJOB_NUM_PROCESSES'], "
+        "e['JAXJOB_COORDINATOR'].startswith('127.0.0.1:'))"
+    )
+    proc = _launch("-n", "3", "--", sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [f"[process={i}] {i} 3 True" for i in range(3)]
+
+
+def test_first_failure_status_is_returned_and_others_stopped():
+    """A process exiting 3 makes launch return 3 and stop a process that would run for minutes."""
+    code = (
+        "import os, sys, time; i = int(os.environ['JAXJOB_PROCESS_ID']); "
+        "sys.exit(3) if i == 1 else time.sleep(600)"
+    )
+    start = time.time()
+    proc = _launch("-n", "2", "--", sys.executable, "-c", code)
+    assert proc.returncode == 3
+    assert time.time() - start < 60
+
+
+def test_signal_death_maps_to_128_plus_signal():
+    """A process killed by SIGKILL gives status 137."""
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert _launch("-n", "1", "--", sys.executable, "-c", code).returncode == 137
+
+
+def test_distributed_initialize_joins_under_launch():
+    """Two processes x 2 devices form one jax.distributed job of 4 devices."""
+    code = (
+        "import jaxjob, jax; jaxjob.distributed.initialize(); "
+        "print(jax.process_index(), jax.process_count(), jax.device_count())"
+    )
+    proc = _launch("-n", "2", "--devices-per-process", "2", "--", sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(
+        line
+        for line in proc.stdout.splitlines()
+        if "] " in line and line.split("] ")[1][:1].isdigit()
+    ) == [
+        "[process=0] 0 2 4",
+        "[process=1] 1 2 4",
+    ]
+
+
+def test_empty_command_is_a_usage_error(capsys):
+    """launch with no command returns 2 and says what is missing."""
+    assert jaxjob.cli.main(["launch", "-n", "2", "--"]) == 2
+    assert "command is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_bad_process_count(capsys, n):
+    """A process count below 1 returns 2 naming the values."""
+    assert jaxjob.cli.main(["launch", "-n", n, "--", "true"]) == 2
+    assert "must be >= 1" in capsys.readouterr().err
