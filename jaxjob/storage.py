@@ -30,12 +30,11 @@ import orbax.checkpoint as ocp
 
 from jaxjob.layout import MANIFEST_ITEM
 
-__all__ = ["FORMAT", "Restorable", "describe", "nbytes", "read_manifest", "restore_items"]
+__all__ = ["FORMAT", "describe", "nbytes", "read_manifest", "restore_items", "saved_shapes"]
 
 FORMAT = 1
 STATE_ITEM = "state"
 OUTPUTS_ITEM = "outputs"
-Restorable = Mapping[str, Any]
 
 
 def _token(key: Any) -> str:
