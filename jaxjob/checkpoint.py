@@ -14,7 +14,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxjob import storage
-from jaxjob.layout import committed_epochs, db_name
+from jaxjob.layout import committed_epochs, db_name, is_committed
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
 from jaxjob.workspace import Workspace
 
@@ -169,7 +169,7 @@ class CheckpointManager:
 
     def check_db_exists(self, epoch: int) -> bool:
         """Whether this node's checkpoint of ``epoch`` is committed."""
-        return epoch in self.committed_epochs()
+        return is_committed(db_name(epoch, self._node_name, self._db_prefix))
 
     def _existing(self, epoch: int, path_prefix: str | None = None, path_type: str | None = None):
         if path_type is not None:
@@ -177,9 +177,9 @@ class CheckpointManager:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise TypeError(f"epoch must be a non-negative int, got {epoch!r}")
         prefix = path_prefix or self._path_prefix
-        committed = committed_epochs(self._db_prefix, self._node_name, prefix)
         path = db_name(epoch, self._node_name, self._db_prefix, prefix)
-        if epoch not in committed:
+        if not is_committed(path):
+            committed = committed_epochs(self._db_prefix, self._node_name, prefix)
             raise FileNotFoundError(
                 f"no committed checkpoint for node {self._node_name!r} at epoch {epoch} "
                 f"({path!r}); committed epochs: {committed}"

@@ -85,10 +85,10 @@ def launch(
         ValueError: If ``command`` is empty or a count is below 1.
     """
     if not command:
-        raise ValueError("launch: command is empty; give the program to run after --")
+        raise ValueError("command is empty; give the program to run after --")
     if num_processes < 1 or (devices_per_process is not None and devices_per_process < 1):
         raise ValueError(
-            f"launch: num_processes and devices_per_process must be >= 1, got "
+            f"num_processes and devices_per_process must be >= 1, got "
             f"{num_processes} and {devices_per_process}"
         )
     out = out or sys.stdout

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from jaxjob.checkpoint import CheckpointManager, CheckpointSaveError
+from jaxjob.checkpoint import CheckpointManager, CheckpointSaveError, _check_db_type
 from jaxjob.layout import db_name
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
 from jaxjob.session import Session
@@ -58,7 +58,7 @@ class MultiNodeCheckpointManager:
         self._path_prefix: str | None = None
         self._path_type: str | None = None
         self._metadata_due: int | None = None
-        CheckpointManager(db_prefix, db_type=db_type)  # validates the arguments
+        _check_db_type(db_type, "db_type")
 
     def __repr__(self) -> str:
         return f"MultiNodeCheckpointManager({self._db_prefix!r})"
