@@ -13,24 +13,32 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob import storage
+from jaxjob import hosts, storage
+from jaxjob.hostlocal import HostMap
 from jaxjob.layout import committed_epochs, db_name, is_committed
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
 from jaxjob.workspace import Workspace
 
-__all__ = ["CheckpointManager", "CheckpointSaveError"]
+__all__ = ["CheckpointManager", "CheckpointSaveError", "gather_stats"]
 
 logger = logging.getLogger(__name__)
 DB_TYPES = ("orbax",)
 
 
 class CheckpointSaveError(RuntimeError):
-    """A checkpoint save failed; ``epoch`` and ``db_name`` say which one."""
+    """A checkpoint save failed; ``epoch``, ``db_name`` and ``processes`` say which one, where.
 
-    def __init__(self, epoch: int, db: str, cause: BaseException) -> None:
-        super().__init__(
-            f"saving checkpoint epoch {epoch} to {db!r} failed: {type(cause).__name__}: {cause}"
-        )
+    ``processes`` lists the processes on which it failed (``[0]`` for a
+    single process); every process of the job raises or logs the same error.
+    """
+
+    def __init__(
+        self, epoch: int, db: str, cause: BaseException | str, processes: list[int] | None = None
+    ) -> None:
+        self.processes = [jax.process_index()] if processes is None else list(processes)
+        what = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        where = f" on processes {self.processes}" if jax.process_count() > 1 else ""
+        super().__init__(f"saving checkpoint epoch {epoch} to {db!r} failed{where}: {what}")
         self.epoch = epoch
         self.db_name = db
 
@@ -78,6 +86,21 @@ class CheckpointManager:
         metadata_handler: Decides the resume epoch and receives stats; by
             default a :class:`~jaxjob.metadata.DiskMetadataHandler` (auto-resume).
         async_save: False makes :meth:`save` return only once committed.
+        timeout_s: How long any wait on the other processes of a
+            ``jax.distributed`` job may take (the boundary check before each
+            save, the resume decision, the stats exchange, and Orbax's own
+            commit barriers) before it fails naming the late processes.
+        host_map: For resuming host-local leaves (NumPy arrays, scalars) on a
+            different process count: for each process of this job, the saved
+            process whose copy it gets (a callable or a sequence). Without
+            it, a process-count change with host-local leaves is an error.
+
+    In a multi-process job every process makes the same calls (SPMD): each
+    :meth:`save` first checks, with every other process, that the previous
+    save committed everywhere and that this one can start everywhere, so a
+    failure on any process is raised (or, by the runner, logged) on all of
+    them, and a process that does not arrive within ``timeout_s`` makes the
+    others raise :class:`~jaxjob.hosts.HostTimeoutError` naming it.
 
     Example:
         >>> import tempfile, jax.numpy as jnp
@@ -96,9 +119,15 @@ class CheckpointManager:
         metadata_handler: MetadataHandler | None = None,
         *,
         async_save: bool = True,
+        timeout_s: float = hosts.DEFAULT_TIMEOUT_S,
+        host_map: HostMap | None = None,
     ) -> None:
         if not isinstance(db_prefix, str | os.PathLike) or not str(db_prefix):
             raise TypeError(f"db_prefix must be a non-empty path, got {db_prefix!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+        self.host_map = host_map
         self._db_prefix = os.fspath(db_prefix)
         self._node_name = str(node_name)
         self._db_type = _check_db_type(db_type, "db_type")
@@ -251,7 +280,8 @@ class CheckpointManager:
 
         Returns once the device-to-host copy is done (async) or the
         checkpoint is committed (``async_save=False``). Saving an epoch that
-        is already committed replaces it once the new one is committed.
+        is already committed replaces it once the new one is committed. In a
+        multi-process job, call it on every process.
 
         Args:
             epoch: The epoch, >= 0.
@@ -259,54 +289,116 @@ class CheckpointManager:
             outputs: Epoch outputs the stop conditions read, saved alongside.
 
         Raises:
-            OSError: If ``db_prefix`` is not a writable directory.
-            CheckpointSaveError: If the previous async save failed (raised
-                after this epoch's save has started).
+            OSError: If ``db_prefix`` is not a writable directory here.
+            CheckpointSaveError: If this save cannot start on another
+                process, or the previous async save failed on some process
+                (raised after this epoch's save has started).
+            HostTimeoutError: If another process does not arrive in time.
         """
         previous = self._finish_pending()
-        self._start(epoch, Workspace(workspace), Workspace(outputs or {}))
-        if not self._async_save:
+        workspace, outputs = Workspace(workspace), Workspace(outputs or {})
+        path = db_name(epoch, self._node_name, self._db_prefix)
+        pending, manifest, problem = None, None, None
+        start = time.perf_counter()
+        try:
+            manifest = _manifest(epoch, self._node_name, workspace, outputs)
+            _prepare_prefix(self._db_prefix)
+            if jax.process_index() == 0:
+                pending = _Pending(epoch, path, start, superseded=_move_aside(path))
+        except Exception as err:
+            problem = err
+        previous, problem = self._agree(epoch, path, previous, problem, manifest)
+        if problem is None:
+            problem = self._start(epoch, path, workspace, outputs, manifest, pending)
+        else:
+            _put_back(path, pending)
+            self._record_failure(epoch, path, problem)
+        if not self._async_save and problem is None:
             previous = previous or self._finish_pending()
+        if problem is not None:
+            raise problem
         if previous is not None:
             raise previous
 
-    def _start(self, epoch: int, workspace: Workspace, outputs: Workspace) -> None:
-        path = db_name(epoch, self._node_name, self._db_prefix)
+    def _agree(self, epoch, path, previous, problem, manifest):
+        """Shares with every process how the previous save ended and whether this one can start.
+
+        Returns:
+            The previous save's failure on any process and this save's
+            problem on any process (each naming those processes), or None.
+        """
+        local = {k: v for k, v in (manifest or {}).get("leaves", {}).items() if "shape" in v}
+        mine = {
+            "previous": _text(previous),
+            "previous_at": [previous.epoch, previous.db_name] if previous else None,
+            "problem": _text(problem),
+            "host_local": local,
+        }
+        what = f"the save of epoch {epoch} of node {self._node_name!r}"
+        if epoch is None:
+            what = f"the end of the saves of node {self._node_name!r}"
+        posts = hosts.exchange(what, mine, timeout_s=self.timeout_s)
+        me = [jax.process_index()]
+        failed = [p for p, post in enumerate(posts) if post["previous"]]
+        if failed and failed != me:
+            at = posts[failed[0]]["previous_at"]
+            text = "; ".join(f"process {p}: {posts[p]['previous']}" for p in failed)
+            previous = self._record_failure(at[0], at[1], text, failed, count=previous is None)
+        problems = [p for p, post in enumerate(posts) if post["problem"]]
+        if problems == me:
+            return previous, problem
+        if problems:
+            text = "; ".join(f"process {p}: {posts[p]['problem']}" for p in problems)
+            return previous, CheckpointSaveError(epoch, path, text, problems)
+        mismatch = _host_local_mismatch(posts)
+        return previous, (ValueError(mismatch) if mismatch else None)
+
+    def _start(self, epoch, path, workspace, outputs, manifest, pending):
+        """Starts the Orbax save on every process; returns its failure, if any."""
         self._current_db_name = path
         self._current_stats = {"epoch": epoch, "bytes": storage.nbytes(workspace), "error": None}
-        start = time.perf_counter()
-        pending = None
+        pending = pending or _Pending(epoch, path, time.perf_counter())
         try:
-            _prepare_prefix(self._db_prefix)
-            pending = _Pending(epoch, path, start, superseded=_move_aside(path))
-            args = storage.save_args(
-                workspace, outputs, _manifest(epoch, self._node_name, workspace, outputs)
-            )
+            args = storage.save_args(workspace, outputs, manifest)
             logger.info("Saving epoch %d to %s", epoch, path)
             self._get_checkpointer().save(os.path.abspath(path), args=args)
         except Exception as err:
-            self._record_failure(epoch, path, err)
             _put_back(path, pending)
-            raise
+            return self._record_failure(epoch, path, err)
         self._pending = pending
         self._blob_names = list(workspace)
-        self._current_stats["duration_s"] = time.perf_counter() - start
+        self._current_stats["duration_s"] = time.perf_counter() - pending.started
+        return None
 
     def _get_checkpointer(self):
         if self._checkpointer is None:
             handler = storage.composite_handler()
-            cls = ocp.AsyncCheckpointer if self._async_save else ocp.Checkpointer
-            self._checkpointer = cls(handler)
+            if self._async_save:
+                options = ocp.AsyncOptions(timeout_secs=max(1, round(self.timeout_s)))
+                self._checkpointer = ocp.AsyncCheckpointer(handler, async_options=options)
+            else:
+                self._checkpointer = ocp.Checkpointer(handler)
         return self._checkpointer
 
-    def _record_failure(self, epoch: int, path: str, err: BaseException) -> CheckpointSaveError:
-        failure = (
-            err if isinstance(err, CheckpointSaveError) else CheckpointSaveError(epoch, path, err)
-        )
-        failure.__cause__ = failure.__cause__ or err
-        self.failures.append(failure)
-        stats = {"epoch": epoch, "error": f"{type(err).__name__}: {err}"}
-        self._current_db_name, self._current_stats = path, stats
+    def _record_failure(
+        self,
+        epoch: int,
+        path: str,
+        err: BaseException | str,
+        processes: list[int] | None = None,
+        *,
+        count: bool = True,
+    ) -> CheckpointSaveError:
+        if isinstance(err, CheckpointSaveError):
+            failure = err
+        else:
+            failure = CheckpointSaveError(epoch, path, err, processes)
+            failure.__cause__ = err if isinstance(err, BaseException) else None
+        if count:
+            self.failures.append(failure)
+        else:
+            self.failures[-1] = failure
+        self._current_db_name, self._current_stats = path, {"epoch": epoch, "error": str(failure)}
         logger.debug("checkpoint failure recorded: %s", failure)
         return failure
 
@@ -322,7 +414,7 @@ class CheckpointManager:
             _put_back(pending.db, pending)
             return self._record_failure(pending.epoch, pending.db, err)
         if pending.superseded:
-            shutil.rmtree(pending.superseded, ignore_errors=True)
+            _remove(pending.superseded)
         if self._current_db_name == pending.db and self._current_stats is not None:
             self._current_stats["commit_s"] = time.perf_counter() - pending.started
         if pending.write_metadata:
@@ -330,12 +422,15 @@ class CheckpointManager:
         return None
 
     def wait_until_finished(self) -> None:
-        """Blocks until the save in flight is committed.
+        """Blocks until the save in flight is committed; call it on every process.
 
         Raises:
-            CheckpointSaveError: If it failed.
+            CheckpointSaveError: If it failed on any process.
+            HostTimeoutError: If another process does not arrive in time.
         """
         failure = self._finish_pending()
+        if jax.process_count() > 1:
+            failure, _ = self._agree(None, None, failure, None, None)
         if failure is not None:
             raise failure
 
@@ -363,10 +458,13 @@ class CheckpointManager:
             logger.info("No checkpoint stats to collect for %s", self._node_name)
 
     def report_checkpoint_stats(self, action_name: str) -> None:
-        """Sends the last action's stats to the metadata handler."""
+        """Sends every process's stats of the last action to the metadata handler.
+
+        Call it on every process; see :func:`gather_stats` for the entries.
+        """
         stats: dict[str, Any] = {}
         self.collect_checkpoint_stats(stats)
-        self._metadata_handler.report(action_name, stats)
+        self._metadata_handler.report(action_name, gather_stats(stats, self.timeout_s))
 
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
         """The epoch to resume from (``user_epoch`` wins), or None for a fresh start."""
@@ -404,6 +502,58 @@ def _manifest(epoch: int, node: str, state: Workspace, outputs: Workspace) -> di
         "process_count": jax.process_count(),
         "time": time.time(),
     }
+
+
+def _text(err: BaseException | None) -> str | None:
+    if err is None:
+        return None
+    cause = err.__cause__ if isinstance(err, CheckpointSaveError) and err.__cause__ else err
+    return f"{type(cause).__name__}: {cause}"
+
+
+def _host_local_mismatch(posts: list[dict[str, Any]]) -> str | None:
+    """Describes the first host-local leaf whose kind, shape or dtype differs between processes."""
+    for process, post in enumerate(posts[1:], start=1):
+        for name in sorted(set(posts[0]["host_local"]) | set(post["host_local"])):
+            here, there = posts[0]["host_local"].get(name), post["host_local"].get(name)
+            if here != there:
+                return (
+                    f"host-local leaf {name!r} differs between processes: {here} on process 0, "
+                    f"{there} on process {process}; every process must hold host-local leaves "
+                    "of the same shape and dtype"
+                )
+    return None
+
+
+def _remove(path: str) -> None:
+    try:
+        shutil.rmtree(path)
+    except OSError as err:
+        logger.warning("could not remove the superseded checkpoint %s: %s", path, err)
+
+
+def gather_stats(stats: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Every process's stats of the last action, per checkpoint directory.
+
+    Each entry gets ``hosts`` (each process's ``duration_s``, ``bytes`` and
+    ``error``), ``slowest_process`` (the one that dominated), the longest
+    ``duration_s``, the total ``bytes`` and every process's errors.
+    """
+    posts = hosts.exchange("the checkpoint stats", {"stats": stats}, timeout_s=timeout_s)
+    merged: dict[str, Any] = {}
+    for db in sorted({db for post in posts for db in post["stats"]}):
+        per = [{"process": p, **post["stats"].get(db, {})} for p, post in enumerate(posts)]
+        durations = [h.get("duration_s") or 0.0 for h in per]
+        errors = [f"process {h['process']}: {h['error']}" for h in per if h.get("error")]
+        merged[db] = {
+            **stats.get(db, per[0]),
+            "duration_s": max(durations),
+            "bytes": sum(h.get("bytes") or 0 for h in per),
+            "error": "; ".join(errors) or None,
+            "slowest_process": max(range(len(per)), key=durations.__getitem__),
+            "hosts": per,
+        }
+    return merged
 
 
 def _move_aside(path: str) -> str | None:

@@ -6,7 +6,9 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from jaxjob.checkpoint import CheckpointManager, CheckpointSaveError, _check_db_type
+from jaxjob import hosts
+from jaxjob.checkpoint import CheckpointManager, CheckpointSaveError, _check_db_type, gather_stats
+from jaxjob.hostlocal import HostMap
 from jaxjob.layout import db_name
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
 from jaxjob.session import Session
@@ -30,6 +32,10 @@ class MultiNodeCheckpointManager:
         metadata_handler: Decides the resume epoch (by default the latest
             epoch committed for every node) and receives the stats.
         async_save: False makes saves return only once committed.
+        timeout_s: How long any wait on other processes may take (see
+            :class:`~jaxjob.checkpoint.CheckpointManager`).
+        host_map: How to resume host-local leaves on another process count
+            (see :class:`~jaxjob.checkpoint.CheckpointManager`).
 
     Example:
         >>> import tempfile, jax.numpy as jnp
@@ -48,11 +54,15 @@ class MultiNodeCheckpointManager:
         metadata_handler: MetadataHandler | None = None,
         *,
         async_save: bool = True,
+        timeout_s: float = hosts.DEFAULT_TIMEOUT_S,
+        host_map: HostMap | None = None,
     ) -> None:
+        self._options = {"async_save": async_save, "timeout_s": timeout_s, "host_map": host_map}
+        CheckpointManager(db_prefix, **self._options)  # validates the options
+        self.timeout_s = float(timeout_s)
         self._db_prefix = str(db_prefix)
         self._db_type = db_type
         self._metadata_handler = metadata_handler or DiskMetadataHandler()
-        self._async_save = async_save
         self._node_managers: list[tuple[str, CheckpointManager]] | None = None
         self._key_nodes: dict[str, str] = {}
         self._path_prefix: str | None = None
@@ -97,7 +107,7 @@ class MultiNodeCheckpointManager:
                     name,
                     self._db_type,
                     DiskMetadataHandler(),
-                    async_save=self._async_save,
+                    **self._options,
                 ),
             )
             for name in names
@@ -228,37 +238,45 @@ class MultiNodeCheckpointManager:
         """Starts saving each node's leaves of ``workspace`` into its own checkpoint.
 
         Raises:
-            OSError: If ``db_prefix`` is not a writable directory.
-            CheckpointSaveError: The first failure of a previous async save,
-                after this epoch's saves have started.
+            CheckpointSaveError: If this epoch's save cannot start, or (after
+                this epoch's saves have started) the first failure of a
+                previous async save.
         """
-        previous = self._finish_all()
+        due, self._metadata_due = self._metadata_due, None
         first = self.node_managers[0][0]
+        previous = None
         for name, manager in self.node_managers:
             part = {k: v for k, v in workspace.items() if self._owner(k) == name}
-            manager.save(epoch, part, outputs=outputs if name == first else None)
+            try:
+                manager.save(epoch, part, outputs=outputs if name == first else None)
+            except CheckpointSaveError as err:
+                if err.epoch == epoch:
+                    raise
+                previous = previous or err
+        if due is not None and previous is None:
+            self._metadata_handler.write(epoch=due)
         if previous is not None:
             raise previous
 
-    def _finish_all(self) -> CheckpointSaveError | None:
-        failures = [m._finish_pending() for _, m in self.node_managers]
-        failures = [f for f in failures if f is not None]
-        if self._metadata_due is not None and not failures:
-            self._metadata_handler.write(epoch=self._metadata_due)
-        self._metadata_due = None
-        return failures[0] if failures else None
-
     def wait_until_finished(self) -> None:
-        """Blocks until every node's save in flight is committed.
+        """Blocks until every node's save in flight is committed; call it on every process.
 
         Raises:
             CheckpointSaveError: The first node's failure, if any.
         """
         if self._node_managers is None:
             return
-        failure = self._finish_all()
-        if failure is not None:
-            raise failure
+        failures = []
+        for _, manager in self._node_managers:
+            try:
+                manager.wait_until_finished()
+            except CheckpointSaveError as err:
+                failures.append(err)
+        due, self._metadata_due = self._metadata_due, None
+        if due is not None and not failures:
+            self._metadata_handler.write(epoch=due)
+        if failures:
+            raise failures[0]
 
     def close(self) -> None:
         """Waits for pending saves and closes every node's manager."""
@@ -286,11 +304,13 @@ class MultiNodeCheckpointManager:
             manager.collect_checkpoint_stats(stats)
 
     def report_checkpoint_stats(self, action_name: str) -> None:
-        """Reports every node's stats together, so the dominating node shows."""
+        """Reports every node's and every process's stats together, so the dominating one shows.
+
+        Call it on every process.
+        """
         stats: dict[str, Any] = {}
         self.collect_checkpoint_stats(stats)
-        logger.debug("checkpoint stats: %s", stats)
-        self._metadata_handler.report(action_name, stats)
+        self._metadata_handler.report(action_name, gather_stats(stats, self.timeout_s))
 
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
         """The epoch to resume from (``user_epoch`` wins), or None for a fresh start."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+from jaxjob import hosts
 from jaxjob.checkpoint import CheckpointManager, CheckpointSaveError
 from jaxjob.job import Job
 from jaxjob.multinode import MultiNodeCheckpointManager
@@ -93,13 +94,19 @@ class JobRunner:
         """Runs the training flow on ``session`` and returns the last epoch.
 
         If it raises, saves in flight are completed before it returns.
-        Call it on every process of a multi-process job.
+        Call it on every process of a multi-process job: process 0 decides
+        the resume epoch for all, and a stop condition that holds on any
+        process stops every process.
         """
         manager = self.checkpoint_manager
         resume = self.resume_from_epoch
         if manager is not None:
             manager.set_params(nodes=self._nodes())
-            resume = manager.get_resume_from_epoch_id(self.resume_from_epoch)
+            resume = hosts.decide(
+                "the resume epoch",
+                lambda: manager.get_resume_from_epoch_id(self.resume_from_epoch),
+                timeout_s=self._timeout_s(),
+            )
             if resume is not None:
                 logger.info("Resuming from epoch %d", resume)
         try:
@@ -114,6 +121,14 @@ class JobRunner:
             raise
         self._run_final_groups(epoch, session)
         return epoch
+
+    def _timeout_s(self) -> float:
+        return getattr(self.checkpoint_manager, "timeout_s", hosts.DEFAULT_TIMEOUT_S)
+
+    def _any_process(self, what: str, flag: bool) -> list[int]:
+        """The processes where ``flag`` holds (every process calls this)."""
+        posts = hosts.exchange(what, {"flag": bool(flag)}, timeout_s=self._timeout_s())
+        return [p for p, post in enumerate(posts) if post["flag"]]
 
     def _start(self, session: Session, resume: int | None) -> tuple[int, bool]:
         manager = self.checkpoint_manager
@@ -132,9 +147,10 @@ class JobRunner:
         if self.resume_from_epoch is not None or resume == 0:
             return resume, False
         values, _ = self.job.stop_values(session.workspace.set(manager.load_outputs(resume)))
-        if any(values):
+        stopped = self._any_process(f"the stop conditions of epoch {resume}", any(values))
+        if stopped:
             logger.info("The checkpoint of epoch %d meets a stop condition: finished", resume)
-        return resume, any(values)
+        return resume, bool(stopped)
 
     def _restore_targets(self, session: Session, manager: Manager, epoch: int) -> dict[str, Any]:
         """Traces the init group abstractly; host steps contribute the saved shapes."""
@@ -154,10 +170,11 @@ class JobRunner:
         logger.info("Starting epoch %d", epoch)
         run = session.run(self.job.epoch_group)
         values, read = self.job.stop_values(run)
+        stopped = self._any_process(f"the stop conditions of epoch {epoch}", any(values))
         if self.checkpoint_manager is not None:
             outputs = {k: run[k] for k in read if k in run and k not in session.workspace}
             self.save_checkpoints(epoch, session, outputs=outputs)
-        return any(values)
+        return bool(stopped)
 
     def _run_final_groups(self, epoch: int, session: Session) -> None:
         if self.upload_task_group_builder is not None:
@@ -194,18 +211,25 @@ class JobRunner:
         """Saves the session's persistent workspace as checkpoint ``epoch``.
 
         A failure follows ``on_save_error``. A failure of the previous
-        epoch's background write surfaces here too.
+        epoch's background write surfaces here too. In a multi-process job,
+        call it on every process: a failure on any process is seen by all.
 
         Raises:
             ValueError: If the runner has no checkpoint manager.
             CheckpointSaveError: Under ``on_save_error="raise"``.
+            HostTimeoutError: If another process does not arrive in time
+                (whatever the policy: the job cannot go on without it).
         """
         manager = self.checkpoint_manager
         if manager is None:
             raise ValueError("save_checkpoints needs a checkpoint_manager")
         try:
-            if not manager.cp_accessible(epoch=None):
-                raise PermissionError("the checkpoint directory cannot be written")
+            what = f"the checkpoint access check of epoch {epoch}"
+            denied = self._any_process(what, not manager.cp_accessible(epoch=None))
+            if denied:
+                raise PermissionError(
+                    f"the checkpoint directory cannot be written on processes {denied}"
+                )
             try:
                 manager.save(epoch, session.workspace, outputs=outputs)
             except CheckpointSaveError as err:
@@ -214,6 +238,8 @@ class JobRunner:
                 self._on_save_failure(err)
             manager.write_checkpoint_metadata(epoch)
             manager.report_checkpoint_stats("checkpoint_save")
+        except hosts.HostTimeoutError:
+            raise
         except Exception as err:
             if not isinstance(err, CheckpointSaveError) or err.epoch == epoch:
                 self._on_save_failure(_as_save_error(epoch, manager, err))
@@ -238,13 +264,15 @@ class JobRunner:
             self._on_save_failure(err)
 
     def _complete_pending_after_error(self) -> None:
-        if self.checkpoint_manager is None:
-            return
-        try:
-            self.checkpoint_manager.wait_until_finished()
-        except CheckpointSaveError as err:
-            self.save_errors.append(err)
-            logger.error("While handling an error, a pending save failed too: %s", err)
+        """Completes this process's saves in flight, without waiting on other processes."""
+        manager = self.checkpoint_manager
+        if manager is None or getattr(manager, "_node_managers", True) is None:
+            return  # nothing was saved yet
+        for _, node_manager in manager.node_managers:
+            err = node_manager._finish_pending()
+            if err is not None:
+                self.save_errors.append(err)
+                logger.error("While handling an error, a pending save failed too: %s", err)
 
 
 def _as_save_error(epoch: int, manager: Manager, err: BaseException) -> CheckpointSaveError:

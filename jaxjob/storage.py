@@ -12,6 +12,15 @@ A checkpoint directory ``<db_prefix>/<node>.<epoch>/`` is one Orbax
   ``python``) and dtype, so a leaf comes back with its own type even without
   model code.
 
+``jax.Array`` leaves are global: Orbax writes and reads each host's shards on
+that host. NumPy arrays and NumPy/Python scalars are host-local: each process
+has its own copy (a data-loader cursor, say). Such a leaf is saved as a
+``uint8`` array of shape ``(process_count, nbytes)`` with one row per process,
+sharded so that each process writes (and, on resume, reads) only its own row;
+its true shape and dtype are in the manifest. Resuming host-local leaves on
+a different process count needs a ``host_map`` saying which saved process's
+copy each new process gets.
+
 Orbax writes to a temporary directory and renames it when every host has
 finished, so a directory with the final name is committed. Nothing is
 unpickled or executed when reading.
@@ -28,13 +37,22 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxjob import hostlocal
 from jaxjob.layout import MANIFEST_ITEM
 
-__all__ = ["FORMAT", "describe", "nbytes", "read_manifest", "restore_items", "saved_shapes"]
+__all__ = [
+    "FORMAT",
+    "describe",
+    "nbytes",
+    "read_manifest",
+    "restore_items",
+    "saved_shapes",
+]
 
-FORMAT = 1
+FORMAT = 2
 STATE_ITEM = "state"
 OUTPUTS_ITEM = "outputs"
+HOST_LOCAL_KINDS = ("numpy", "numpy_scalar", "python")
 
 
 def _token(key: Any) -> str:
@@ -54,15 +72,14 @@ def _kind(leaf: Any) -> dict[str, str]:
         if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             return {"kind": "prng_key", "impl": str(jax.random.key_impl(leaf))}
         return {"kind": "jax", "dtype": str(leaf.dtype)}
-    if isinstance(leaf, np.ndarray):
-        return {"kind": "numpy", "dtype": str(leaf.dtype)}
-    if isinstance(leaf, np.generic):
-        return {"kind": "numpy_scalar", "dtype": str(leaf.dtype)}
+    if isinstance(leaf, np.ndarray | np.generic) and not leaf.dtype.hasobject:
+        kind = "numpy" if isinstance(leaf, np.ndarray) else "numpy_scalar"
+        return {"kind": kind, "dtype": str(leaf.dtype), "shape": list(np.shape(leaf))}
     if isinstance(leaf, bool | int | float):
-        return {"kind": "python", "dtype": type(leaf).__name__}
+        return {"kind": "python", "dtype": type(leaf).__name__, "shape": []}
     raise TypeError(
         f"cannot checkpoint a leaf of type {type(leaf).__name__}; leaves must be jax.Array, "
-        "NumPy arrays or scalars, or Python bool/int/float"
+        "NumPy arrays (not of object dtype) or scalars, or Python bool/int/float"
     )
 
 
@@ -98,13 +115,27 @@ def save_args(
     state: Mapping[str, Any], outputs: Mapping[str, Any], manifest: dict[str, Any]
 ) -> ocp.args.Composite:
     """Orbax arguments that save one checkpoint directory."""
+    kinds = manifest["leaves"]
     items: dict[str, Any] = {
-        STATE_ITEM: ocp.args.PyTreeSave(dict(state)),
+        STATE_ITEM: ocp.args.PyTreeSave(_encoded(state, kinds)),
         MANIFEST_ITEM: ocp.args.JsonSave(manifest),
     }
     if outputs:
-        items[OUTPUTS_ITEM] = ocp.args.PyTreeSave(dict(outputs))
+        items[OUTPUTS_ITEM] = ocp.args.PyTreeSave(_encoded(outputs, kinds))
     return ocp.args.Composite(**items)
+
+
+def _encoded(tree: Mapping[str, Any], kinds: Mapping[str, Any]) -> dict[str, Any]:
+    """``tree`` with each host-local leaf replaced by its per-process rows."""
+
+    def encode(name: str, path: Any, leaf: Any) -> Any:
+        kind = kinds[param_name(name, path)]
+        return hostlocal.encode(leaf, kind) if kind["kind"] in HOST_LOCAL_KINDS else leaf
+
+    return {
+        name: jax.tree_util.tree_map_with_path(lambda p, x, n=name: encode(n, p, x), value)
+        for name, value in tree.items()
+    }
 
 
 def composite_handler() -> ocp.CompositeCheckpointHandler:
@@ -153,7 +184,7 @@ def _default_sharding(sharding: Any, name: str) -> jax.sharding.Sharding:
     if isinstance(sharding, Mapping):
         sharding = sharding.get(name)
     if sharding is None:
-        return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     if not isinstance(sharding, jax.sharding.Sharding):
         raise TypeError(
             f"sharding for {name!r} must be a jax.sharding.Sharding, got {type(sharding).__name__}"
@@ -161,25 +192,11 @@ def _default_sharding(sharding: Any, name: str) -> jax.sharding.Sharding:
     return sharding
 
 
-def _placeholder(meta: Any, kind: dict[str, str], sharding: jax.sharding.Sharding) -> Any:
+def _placeholder(meta: Any, kind: dict[str, Any], sharding: Any, saved_count: int, row) -> Any:
     """A restore target for a saved leaf, from its Orbax metadata and manifest kind."""
-    if kind["kind"] in ("jax", "prng_key"):
-        return jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype, sharding=sharding)
-    if kind["kind"] == "numpy":
-        return np.zeros(tuple(meta.shape), meta.dtype)
-    if kind["kind"] == "numpy_scalar":
-        return {"b": False, "f": 0.0, "c": 0j}.get(np.dtype(kind["dtype"]).kind, 0)
-    return {"bool": False, "int": 0, "float": 0.0}[kind["dtype"]]
-
-
-def _fix_type(leaf: Any, kind: dict[str, str]) -> Any:
-    if kind["kind"] == "prng_key" and not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-        return jax.random.wrap_key_data(leaf, impl=kind["impl"])
-    if kind["kind"] == "numpy_scalar":
-        return np.dtype(kind["dtype"]).type(leaf)
-    if kind["kind"] == "python":
-        return {"bool": bool, "int": int, "float": float}[kind["dtype"]](leaf)
-    return leaf
+    if kind["kind"] in HOST_LOCAL_KINDS:
+        return hostlocal.target(kind, saved_count, row)
+    return jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype, sharding=sharding)
 
 
 def _check_target(name: str, target: Any, saved: Any, kinds: Mapping[str, Any]) -> None:
@@ -200,8 +217,10 @@ def _check_target(name: str, target: Any, saved: Any, kinds: Mapping[str, Any]) 
         _check_leaf(where, leaf, saved_leaves[key], kinds.get(key, {}))
 
 
-def _check_leaf(where: str, leaf: Any, meta: Any, kind: Mapping[str, str]) -> None:
+def _check_leaf(where: str, leaf: Any, meta: Any, kind: Mapping[str, Any]) -> None:
     shape, dtype = tuple(np.shape(leaf)), getattr(leaf, "dtype", None)
+    if kind.get("kind") in HOST_LOCAL_KINDS:
+        meta = jax.ShapeDtypeStruct(tuple(kind["shape"]), hostlocal.dtype_of(kind))
     if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
         shape, dtype = tuple(jax.eval_shape(jax.random.key_data, leaf).shape), None
         if kind.get("kind") != "prng_key":
@@ -220,6 +239,7 @@ def restore_items(
     targets: Mapping[str, Any] | None = None,
     sharding: Any = None,
     manifest: Mapping[str, Any] | None = None,
+    host_map: hostlocal.HostMap | None = None,
 ) -> dict[str, Any]:
     """Restores the named entries of one item of a checkpoint directory.
 
@@ -229,11 +249,14 @@ def restore_items(
     target's pytree types and shardings. Any other name comes back with the
     checkpoint's containers (dicts and lists) and its saved leaf types; its
     ``jax.Array`` leaves go to ``sharding`` (a Sharding, or a mapping from
-    name to Sharding), by default the first device.
+    name to Sharding), by default this process's first device. Host-local
+    leaves come back as this process's own copy, or as the copy of the saved
+    process that ``host_map`` gives for it.
 
     Raises:
         ValueError: If a target's structure, shape or dtype differs from the
-            checkpoint (naming the key path).
+            checkpoint (naming the key path), or host-local leaves were saved
+            by another number of processes and ``host_map`` is None.
     """
     path = os.path.abspath(path)
     manifest = manifest or read_manifest(path)
@@ -242,32 +265,63 @@ def restore_items(
         return {}
     kinds = manifest["leaves"]
     saved = _saved_tree(path, item)
+    count = int(manifest.get("process_count", 1))
+    local = [
+        m.name
+        for n in names
+        for m in jax.tree.leaves(saved[n])
+        if kinds[m.name]["kind"] in HOST_LOCAL_KINDS
+    ]
+    row = hostlocal.row_for_this_process(host_map, count, local) if local else None
     restore_item: dict[str, Any] = {}
     for name in names:
         if targets is not None and name in targets:
             _check_target(name, targets[name], saved[name], kinds)
-            restore_item[name] = targets[name]
+            restore_item[name] = _host_targets(name, targets[name], kinds, count, row)
         else:
             shard = _default_sharding(sharding, name)
             restore_item[name] = jax.tree.map(
-                lambda m, s=shard: _placeholder(m, kinds[m.name], s), saved[name]
+                lambda m, s=shard: _placeholder(m, kinds[m.name], s, count, row), saved[name]
             )
     restore_args = ocp.checkpoint_utils.construct_restore_args(restore_item)
     args = ocp.args.PyTreeRestore(
         item=restore_item, restore_args=restore_args, partial_restore=True
     )
     restored = _checkpointer().restore(path, args=ocp.args.Composite(**{item: args}))[item]
-    return {name: _retyped(name, restored[name], kinds) for name in names}
+    return {name: _retyped(name, restored[name], kinds, row) for name in names}
 
 
-def _retyped(name: str, value: Any, kinds: Mapping[str, Any]) -> Any:
+def _host_targets(name: str, target: Any, kinds: Mapping[str, Any], count: int, row) -> Any:
+    """``target`` with its host-local leaves replaced by their per-process row targets."""
+
     def fix(path: Any, leaf: Any) -> Any:
-        return _fix_type(leaf, kinds.get(param_name(name, path), {"kind": "jax"}))
+        kind = kinds[param_name(name, path)]
+        return hostlocal.target(kind, count, row) if kind["kind"] in HOST_LOCAL_KINDS else leaf
+
+    return jax.tree_util.tree_map_with_path(fix, target)
+
+
+def _retyped(name: str, value: Any, kinds: Mapping[str, Any], row: int | None) -> Any:
+    def fix(path: Any, leaf: Any) -> Any:
+        kind = kinds.get(param_name(name, path), {"kind": "jax"})
+        if kind["kind"] in HOST_LOCAL_KINDS:
+            return hostlocal.decode(leaf, kind, row)
+        if kind["kind"] == "prng_key" and not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(leaf, impl=kind["impl"])
+        return leaf
 
     return jax.tree_util.tree_map_with_path(fix, value)
 
 
 def saved_shapes(path: str) -> dict[str, Any]:
     """Shapes and dtypes of every saved state leaf (``jax.ShapeDtypeStruct`` s), reading no data."""
+    kinds = read_manifest(path)["leaves"]
     saved = _saved_tree(os.path.abspath(path), STATE_ITEM)
-    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), saved)
+
+    def shape(meta: Any) -> jax.ShapeDtypeStruct:
+        kind = kinds[meta.name]
+        if kind["kind"] in HOST_LOCAL_KINDS:
+            return jax.ShapeDtypeStruct(tuple(kind["shape"]), hostlocal.dtype_of(kind))
+        return jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype)
+
+    return jax.tree.map(shape, saved)

@@ -1,0 +1,132 @@
+"""Waiting on the other processes of a ``jax.distributed`` job, with timeouts that name who is late.
+
+Every cross-host wait in jaxjob goes through :func:`exchange`: each process
+posts a small JSON payload to the ``jax.distributed`` coordination service's
+key-value store and waits, up to a timeout, for every other process's
+payload. Processes make the same sequence of calls (SPMD), so the n-th call
+of one process meets the n-th call of every other. A process that does not
+arrive in time makes the others raise :class:`HostTimeoutError`, which names
+it. With one process nothing is waited for.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+__all__ = ["DEFAULT_TIMEOUT_S", "HostTimeoutError", "decide", "exchange"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 300.0
+_PREFIX = "jaxjob/exchange"
+_calls = itertools.count()
+
+
+class HostTimeoutError(TimeoutError):
+    """Some processes did not reach a cross-host wait in time; ``missing`` lists them."""
+
+    def __init__(self, what: str, missing: list[int], timeout_s: float) -> None:
+        super().__init__(
+            f"[process={jax.process_index()}] timed out after {timeout_s:g} s waiting for "
+            f"processes {missing} of {jax.process_count()} at {what}; they did not arrive "
+            "(crashed, hung, or running a different job)"
+        )
+        self.missing = missing
+        self.timeout_s = timeout_s
+
+
+def _client() -> Any:
+    # The coordination-service client that jax.distributed.initialize() made.
+    # Orbax reaches it the same way (multihost.get_jax_distributed_client).
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError(
+            f"jax.process_count() is {jax.process_count()} but jax.distributed is not "
+            "initialized; call jaxjob.distributed.initialize() first"
+        )
+    return client
+
+
+def exchange(what: str, payload: dict[str, Any], *, timeout_s: float) -> list[dict[str, Any]]:
+    """Posts ``payload`` and returns every process's payload, in process order.
+
+    Args:
+        what: Names the wait in errors (e.g. ``"save of epoch 3"``); every
+            process must pass the same.
+        payload: This process's JSON-serializable payload.
+        timeout_s: How long to wait for the other processes.
+
+    Raises:
+        HostTimeoutError: Naming the processes that did not arrive in time.
+        RuntimeError: If another process was at a different wait.
+
+    Example:
+        >>> exchange("a check", {"epoch": 3}, timeout_s=1.0)
+        [{'epoch': 3}]
+    """
+    if jax.process_count() == 1:
+        return [payload]
+    client, call, me = _client(), next(_calls), jax.process_index()
+    client.key_value_set(f"{_PREFIX}/{call}/{me}", json.dumps({"what": what, "payload": payload}))
+    if call >= 2:  # every peer has read call-2: it posted call-1, which needs all of call-2
+        client.key_value_delete(f"{_PREFIX}/{call - 2}/{me}")
+    deadline = time.monotonic() + timeout_s
+    posts = []
+    for process in range(jax.process_count()):
+        remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        try:
+            raw = client.blocking_key_value_get(f"{_PREFIX}/{call}/{process}", remaining_ms)
+        except jax.errors.JaxRuntimeError as err:
+            if "DEADLINE_EXCEEDED" not in str(err):
+                raise
+            raise HostTimeoutError(what, _missing(client, call), timeout_s) from None
+        posts.append(json.loads(raw))
+    diverged = {p["what"] for p in posts} - {what}
+    if diverged:
+        raise RuntimeError(
+            f"[process={me}] processes diverged: this one is at {what!r}, others at "
+            f"{sorted(diverged)}; every process must run the same job"
+        )
+    return [p["payload"] for p in posts]
+
+
+def _missing(client: Any, call: int) -> list[int]:
+    arrived = {
+        int(key.rsplit("/", 1)[1]) for key, _ in client.key_value_dir_get(f"{_PREFIX}/{call}/")
+    }
+    return [p for p in range(jax.process_count()) if p not in arrived]
+
+
+def decide(what: str, fn: Callable[[], Any], *, timeout_s: float) -> Any:
+    """Runs ``fn`` on process 0 only and returns its JSON-serializable result on every process.
+
+    Raises:
+        HostTimeoutError: Naming the processes that did not arrive in time.
+        RuntimeError: On every other process, if ``fn`` raised on process 0
+            (process 0 raises the original error).
+
+    Example:
+        >>> decide("the resume epoch", lambda: 4, timeout_s=1.0)
+        4
+    """
+    if jax.process_index() != 0:
+        post = exchange(what, {}, timeout_s=timeout_s)[0]
+        if "error" in post:
+            raise RuntimeError(f"process 0 failed deciding {what}: {post['error']}")
+        return post["value"]
+    try:
+        value = fn()
+    except Exception as err:
+        exchange(what, {"error": f"{type(err).__name__}: {err}"}, timeout_s=timeout_s)
+        raise
+    exchange(what, {"value": value}, timeout_s=timeout_s)
+    return value
