@@ -1,8 +1,10 @@
 """jaxjob: epoch-level, fault-tolerant training jobs on JAX with Orbax checkpoints."""
 
 from jaxjob import distributed as distributed
+from jaxjob import hosts as hosts
 from jaxjob.checkpoint import CheckpointManager as CheckpointManager
 from jaxjob.checkpoint import CheckpointSaveError as CheckpointSaveError
+from jaxjob.hosts import HostTimeoutError as HostTimeoutError
 from jaxjob.job import Job as Job
 from jaxjob.job import epoch_limiter as epoch_limiter
 from jaxjob.layout import db_name as db_name

@@ -23,6 +23,7 @@ __all__ = ["CheckpointManager", "CheckpointSaveError", "gather_stats"]
 
 logger = logging.getLogger(__name__)
 DB_TYPES = ("orbax",)
+DEFAULT_WRITE_TIMEOUT_S = 600.0
 
 
 class CheckpointSaveError(RuntimeError):
@@ -50,6 +51,12 @@ class _Pending:
     started: float
     write_metadata: bool = False
     superseded: str | None = None
+
+
+def _seconds(value: Any, argument: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{argument} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def _check_db_type(db_type: str, argument: str) -> str:
@@ -88,8 +95,13 @@ class CheckpointManager:
         async_save: False makes :meth:`save` return only once committed.
         timeout_s: How long any wait on the other processes of a
             ``jax.distributed`` job may take (the boundary check before each
-            save, the resume decision, the stats exchange, and Orbax's own
-            commit barriers) before it fails naming the late processes.
+            save, the resume decision, the stop conditions, the stats
+            exchange) before it fails naming the late processes.
+        write_timeout_s: How long a background write may take, including
+            Orbax's wait for every process's part before the commit. A
+            process whose write failed is waited for that long by the others,
+            so the boundary after a save waits up to ``write_timeout_s``
+            after the save started plus ``timeout_s``.
         host_map: For resuming host-local leaves (NumPy arrays, scalars) on a
             different process count: for each process of this job, the saved
             process whose copy it gets (a callable or a sequence). Without
@@ -120,13 +132,13 @@ class CheckpointManager:
         *,
         async_save: bool = True,
         timeout_s: float = hosts.DEFAULT_TIMEOUT_S,
+        write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
     ) -> None:
         if not isinstance(db_prefix, str | os.PathLike) or not str(db_prefix):
             raise TypeError(f"db_prefix must be a non-empty path, got {db_prefix!r}")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = _seconds(timeout_s, "timeout_s")
+        self.write_timeout_s = _seconds(write_timeout_s, "write_timeout_s")
         self.host_map = host_map
         self._db_prefix = os.fspath(db_prefix)
         self._node_name = str(node_name)
@@ -250,7 +262,9 @@ class CheckpointManager:
         path = self._existing(epoch)
         manifest = storage.read_manifest(path)
         names = manifest["output_keys"]
-        items = storage.restore_items(path, names, item=storage.OUTPUTS_ITEM, manifest=manifest)
+        items = storage.restore_items(
+            path, names, item=storage.OUTPUTS_ITEM, manifest=manifest, host_map=self.host_map
+        )
         return Workspace(items)
 
     def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
@@ -265,7 +279,12 @@ class CheckpointManager:
         start = time.perf_counter()
         logger.info("Loading %s from %s", names, path)
         items = storage.restore_items(
-            path, names, targets=targets, sharding=sharding, manifest=manifest
+            path,
+            names,
+            targets=targets,
+            sharding=sharding,
+            manifest=manifest,
+            host_map=self.host_map,
         )
         self._current_stats = {
             "epoch": manifest["epoch"],
@@ -295,19 +314,26 @@ class CheckpointManager:
                 (raised after this epoch's save has started).
             HostTimeoutError: If another process does not arrive in time.
         """
+        started = self._pending.started if self._pending else None
         previous = self._finish_pending()
         workspace, outputs = Workspace(workspace), Workspace(outputs or {})
         path = db_name(epoch, self._node_name, self._db_prefix)
-        pending, manifest, problem = None, None, None
+        pending, manifest, problem, digests = None, None, None, {}
         start = time.perf_counter()
         try:
             manifest = _manifest(epoch, self._node_name, workspace, outputs)
+            kinds = manifest["leaves"]
+            workspace, digests = storage.encode(workspace, kinds)
+            outputs, output_digests = storage.encode(outputs, kinds)
+            digests.update(output_digests)
             _prepare_prefix(self._db_prefix)
             if jax.process_index() == 0:
                 pending = _Pending(epoch, path, start, superseded=_move_aside(path))
         except Exception as err:
             problem = err
-        previous, problem = self._agree(epoch, path, previous, problem, manifest)
+        previous, problem = self._agree(
+            epoch, path, previous, problem, manifest, digests, started=started
+        )
         if problem is None:
             problem = self._start(epoch, path, workspace, outputs, manifest, pending)
         else:
@@ -320,7 +346,7 @@ class CheckpointManager:
         if previous is not None:
             raise previous
 
-    def _agree(self, epoch, path, previous, problem, manifest):
+    def _agree(self, epoch, path, previous, problem, manifest, digests=None, *, started=None):
         """Shares with every process how the previous save ended and whether this one can start.
 
         Returns:
@@ -333,11 +359,15 @@ class CheckpointManager:
             "previous_at": [previous.epoch, previous.db_name] if previous else None,
             "problem": _text(problem),
             "host_local": local,
+            "replicated": digests or {},
         }
         what = f"the save of epoch {epoch} of node {self._node_name!r}"
         if epoch is None:
             what = f"the end of the saves of node {self._node_name!r}"
-        posts = hosts.exchange(what, mine, timeout_s=self.timeout_s)
+        timeout_s = self.timeout_s
+        if started is not None:  # others may still wait, up to write_timeout_s, for that write
+            timeout_s += max(0.0, started + self.write_timeout_s - time.perf_counter())
+        posts = hosts.exchange(what, mine, timeout_s=timeout_s)
         me = [jax.process_index()]
         failed = [p for p, post in enumerate(posts) if post["previous"]]
         if failed and failed != me:
@@ -350,7 +380,7 @@ class CheckpointManager:
         if problems:
             text = "; ".join(f"process {p}: {posts[p]['problem']}" for p in problems)
             return previous, CheckpointSaveError(epoch, path, text, problems)
-        mismatch = _host_local_mismatch(posts)
+        mismatch = _host_local_mismatch(posts) or _replicated_mismatch(posts)
         return previous, (ValueError(mismatch) if mismatch else None)
 
     def _start(self, epoch, path, workspace, outputs, manifest, pending):
@@ -374,7 +404,7 @@ class CheckpointManager:
         if self._checkpointer is None:
             handler = storage.composite_handler()
             if self._async_save:
-                options = ocp.AsyncOptions(timeout_secs=max(1, round(self.timeout_s)))
+                options = ocp.AsyncOptions(timeout_secs=max(1, round(self.write_timeout_s)))
                 self._checkpointer = ocp.AsyncCheckpointer(handler, async_options=options)
             else:
                 self._checkpointer = ocp.Checkpointer(handler)
@@ -428,9 +458,10 @@ class CheckpointManager:
             CheckpointSaveError: If it failed on any process.
             HostTimeoutError: If another process does not arrive in time.
         """
+        started = self._pending.started if self._pending else None
         failure = self._finish_pending()
         if jax.process_count() > 1:
-            failure, _ = self._agree(None, None, failure, None, None)
+            failure, _ = self._agree(None, None, failure, None, None, started=started)
         if failure is not None:
             raise failure
 
@@ -554,6 +585,20 @@ def gather_stats(stats: dict[str, Any], timeout_s: float) -> dict[str, Any]:
             "hosts": per,
         }
     return merged
+
+
+def _replicated_mismatch(posts: list[dict[str, Any]]) -> str | None:
+    """Names the first single-process ``jax.Array`` whose value differs between processes."""
+    for process, post in enumerate(posts[1:], start=1):
+        for where, digest in sorted(posts[0]["replicated"].items()):
+            if post["replicated"].get(where) != digest:
+                return (
+                    f"workspace leaf {where} is a jax.Array on one device of each process, and "
+                    f"its value on process {process} differs from process 0's; make it a global "
+                    "array (shard or replicate it over a mesh of all processes' devices) or, "
+                    "to keep a copy per process, a NumPy array"
+                )
+    return None
 
 
 def _move_aside(path: str) -> str | None:

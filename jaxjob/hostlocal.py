@@ -9,26 +9,55 @@ and dtype are in the checkpoint manifest.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-__all__ = ["HostMap", "decode", "dtype_of", "encode", "row_for_this_process", "target"]
+__all__ = [
+    "HostMap",
+    "decode",
+    "dtype_of",
+    "encode",
+    "replicate",
+    "row_for_this_process",
+    "target",
+]
 
 HostMap = Callable[[int], int] | Sequence[int]
 _AXIS = "jaxjob_hosts"
 
 
-def host_sharding() -> jax.sharding.NamedSharding:
-    """Row ``p`` of a ``(process_count, n)`` array on the first device of process ``p``."""
+def host_sharding(spec: Any = _AXIS) -> jax.sharding.NamedSharding:
+    """Row ``p`` of a ``(process_count, n)`` array on the first device of process ``p``.
+
+    With ``spec=None``: replicated on the first device of every process.
+    """
     first: dict[int, jax.Device] = {}
     for device in sorted(jax.devices(), key=lambda d: d.id):
         first.setdefault(device.process_index, device)
     devices = np.array([first[p] for p in sorted(first)])
     mesh = jax.sharding.Mesh(devices, (_AXIS,))
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(_AXIS))
+    pspec = jax.sharding.PartitionSpec(spec) if spec else jax.sharding.PartitionSpec()
+    return jax.sharding.NamedSharding(mesh, pspec)
+
+
+def replicate(leaf: jax.Array) -> tuple[jax.Array, str]:
+    """A global copy of a ``jax.Array`` that lives on this process only, and a digest of it.
+
+    In SPMD code such an array (a jitted step's unsharded output: a counter,
+    a PRNG key) holds the same value on every process; it is saved once, as
+    a replicated global array. The digest lets the processes check that.
+    """
+    is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    data = np.asarray(jax.random.key_data(leaf) if is_key else leaf)
+    digest = hashlib.sha256(data.tobytes()).hexdigest()[:16] + str(data.dtype) + str(data.shape)
+    value = jax.make_array_from_process_local_data(host_sharding(None), data, data.shape)
+    if is_key:
+        value = jax.random.wrap_key_data(value, impl=jax.random.key_impl(leaf))
+    return value, digest
 
 
 def _row_width(kind: Mapping[str, Any]) -> int:

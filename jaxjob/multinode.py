@@ -7,7 +7,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from jaxjob import hosts
-from jaxjob.checkpoint import CheckpointManager, CheckpointSaveError, _check_db_type, gather_stats
+from jaxjob.checkpoint import (
+    DEFAULT_WRITE_TIMEOUT_S,
+    CheckpointManager,
+    CheckpointSaveError,
+    _check_db_type,
+    gather_stats,
+)
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import db_name
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
@@ -34,6 +40,8 @@ class MultiNodeCheckpointManager:
         async_save: False makes saves return only once committed.
         timeout_s: How long any wait on other processes may take (see
             :class:`~jaxjob.checkpoint.CheckpointManager`).
+        write_timeout_s: How long a background write may take (see
+            :class:`~jaxjob.checkpoint.CheckpointManager`).
         host_map: How to resume host-local leaves on another process count
             (see :class:`~jaxjob.checkpoint.CheckpointManager`).
 
@@ -55,9 +63,15 @@ class MultiNodeCheckpointManager:
         *,
         async_save: bool = True,
         timeout_s: float = hosts.DEFAULT_TIMEOUT_S,
+        write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
     ) -> None:
-        self._options = {"async_save": async_save, "timeout_s": timeout_s, "host_map": host_map}
+        self._options = {
+            "async_save": async_save,
+            "timeout_s": timeout_s,
+            "write_timeout_s": write_timeout_s,
+            "host_map": host_map,
+        }
         CheckpointManager(db_prefix, **self._options)  # validates the options
         self.timeout_s = float(timeout_s)
         self._db_prefix = str(db_prefix)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from jaxjob import storage
+from jaxjob.hostlocal import HostMap
 from jaxjob.layout import committed_epochs, db_name
 from jaxjob.workspace import Workspace
 
@@ -57,10 +58,12 @@ def restore(
     node_name: str | None = None,
     leaves: Iterable[str] | None = None,
     sharding: Any = None,
+    host_map: HostMap | None = None,
 ) -> Workspace:
     """Restores a committed checkpoint, or named leaves of it, with no model code.
 
-    Only the bytes of the requested leaves are read. Containers come back as
+    Only the bytes of the requested leaves are read. In a multi-process job,
+    call it on every process. Containers come back as
     the checkpoint stores them (dicts and lists); leaves keep their saved
     types (``jax.Array``, typed PRNG keys, bfloat16, NumPy arrays and
     scalars, Python scalars).
@@ -73,8 +76,12 @@ def restore(
         node_name: With a db_prefix: only this node's checkpoint (default: all nodes).
         leaves: Names to restore (default: all).
         sharding: Where ``jax.Array`` leaves go: a ``jax.sharding.Sharding``,
-            or a mapping from name to Sharding. Default: the first device,
-            whatever device count saved them.
+            or a mapping from name to Sharding. Default: this process's first
+            device, whatever device count saved them.
+        host_map: For host-local leaves (NumPy arrays, scalars) saved by
+            another number of processes: for each process here, the saved
+            process whose copy it gets (a callable or a sequence). With the
+            same process count each process gets its own copy.
 
     Returns:
         A workspace of the restored names.
@@ -82,6 +89,8 @@ def restore(
     Raises:
         FileNotFoundError: If there is no such checkpoint (lists committed epochs).
         KeyError: If a requested name is in no checkpoint (lists the available ones).
+        ValueError: If host-local leaves were saved by another number of
+            processes and ``host_map`` is None.
 
     Example:
         >>> import tempfile, jax.numpy as jnp
@@ -107,5 +116,7 @@ def restore(
     result: dict[str, Any] = {}
     for d, manifest in manifests.items():
         mine = [n for n in names if n in manifest["state_keys"]]
-        result.update(storage.restore_items(d, mine, sharding=sharding, manifest=manifest))
+        result.update(
+            storage.restore_items(d, mine, sharding=sharding, manifest=manifest, host_map=host_map)
+        )
     return Workspace(result)

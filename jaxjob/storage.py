@@ -114,28 +114,42 @@ def nbytes(tree: Any) -> int:
 def save_args(
     state: Mapping[str, Any], outputs: Mapping[str, Any], manifest: dict[str, Any]
 ) -> ocp.args.Composite:
-    """Orbax arguments that save one checkpoint directory."""
-    kinds = manifest["leaves"]
+    """Orbax arguments that save one checkpoint directory (trees from :func:`encode`)."""
     items: dict[str, Any] = {
-        STATE_ITEM: ocp.args.PyTreeSave(_encoded(state, kinds)),
+        STATE_ITEM: ocp.args.PyTreeSave(dict(state)),
         MANIFEST_ITEM: ocp.args.JsonSave(manifest),
     }
     if outputs:
-        items[OUTPUTS_ITEM] = ocp.args.PyTreeSave(_encoded(outputs, kinds))
+        items[OUTPUTS_ITEM] = ocp.args.PyTreeSave(dict(outputs))
     return ocp.args.Composite(**items)
 
 
-def _encoded(tree: Mapping[str, Any], kinds: Mapping[str, Any]) -> dict[str, Any]:
-    """``tree`` with each host-local leaf replaced by its per-process rows."""
+def encode(
+    tree: Mapping[str, Any], kinds: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``tree`` as Orbax saves it, and digests of the leaves every process must agree on.
 
-    def encode(name: str, path: Any, leaf: Any) -> Any:
-        kind = kinds[param_name(name, path)]
-        return hostlocal.encode(leaf, kind) if kind["kind"] in HOST_LOCAL_KINDS else leaf
+    Host-local leaves become their per-process rows. In a multi-process job,
+    a ``jax.Array`` that lives on this process only becomes a replicated
+    global array; its digest is returned so the processes can check that
+    they hold the same value.
+    """
+    digests: dict[str, str] = {}
+    multi = jax.process_count() > 1
 
-    return {
-        name: jax.tree_util.tree_map_with_path(lambda p, x, n=name: encode(n, p, x), value)
+    def convert(name: str, path: Any, leaf: Any) -> Any:
+        key = param_name(name, path)
+        if kinds[key]["kind"] in HOST_LOCAL_KINDS:
+            return hostlocal.encode(leaf, kinds[key])
+        if multi and leaf.is_fully_addressable:
+            leaf, digests[f"[{name!r}]{jax.tree_util.keystr(path)}"] = hostlocal.replicate(leaf)
+        return leaf
+
+    encoded = {
+        name: jax.tree_util.tree_map_with_path(lambda p, x, n=name: convert(n, p, x), value)
         for name, value in tree.items()
     }
+    return encoded, digests
 
 
 def composite_handler() -> ocp.CompositeCheckpointHandler:
