@@ -4,6 +4,11 @@ Run it, interrupt it (Ctrl-C or kill -9), run it again: it resumes from the
 last finished epoch and ends exactly where an uninterrupted run would.
 
     python examples/digits.py --epochs 10 --ckpt-dir runs/digits
+
+The same script runs unchanged on several processes: each minibatch is sharded
+over every device of every process (data parallel), parameters are replicated.
+
+    jaxjob launch -n 2 --devices-per-process 2 -- python examples/digits.py --ckpt-dir runs/d2
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from sklearn.datasets import load_digits
 
 import jaxjob
@@ -56,19 +63,26 @@ def loss_fn(params, x, y):
 def build_job(train, test, num_epochs):
     (x_train, y_train), (x_test, y_test) = train, test
     steps = len(x_train) // BATCH
+    # One mesh axis over every device of every process: batches are split over it.
+    mesh = jax.make_mesh(
+        (jax.device_count(),), ("batch",), axis_types=(jax.sharding.AxisType.Auto,)
+    )
+    replicated = NamedSharding(mesh, P())
     job = jaxjob.Job()
 
     @job.init_group.task
     def init(ws):
-        params = init_params(jax.random.key(0))
+        params = jax.lax.with_sharding_constraint(init_params(jax.random.key(0)), replicated)
         return {"params": params, "opt_state": tx.init(params), "rng": jax.random.key(1)}
 
     @job.epoch_group.task
     def train_epoch(ws):
         rng, shuffle_key = jax.random.split(ws["rng"])
         order = jax.random.permutation(shuffle_key, len(x_train))[: steps * BATCH]
+        batches = NamedSharding(mesh, P(None, "batch"))
         xs = jnp.asarray(x_train)[order].reshape(steps, BATCH, -1)
         ys = jnp.asarray(y_train)[order].reshape(steps, BATCH)
+        xs, ys = jax.lax.with_sharding_constraint((xs, ys), batches)
 
         def step(carry, batch):
             params, opt_state = carry
@@ -99,6 +113,8 @@ class Progress:
 
     def __call__(self, ws):
         now = time.perf_counter()
+        if jax.process_index() != 0:
+            return
         stats = {}
         if self.ckpt is not None:
             self.ckpt.collect_checkpoint_stats(stats)
@@ -118,6 +134,7 @@ def main(argv=None):
     parser.add_argument("--ckpt-dir", default="runs/digits", help="checkpoint directory")
     parser.add_argument("--no-checkpoint", action="store_true", help="train without checkpoints")
     args = parser.parse_args(argv)
+    jaxjob.distributed.initialize()  # under `jaxjob launch` or a cluster; alone: nothing
     logging.basicConfig(level=logging.WARNING)
     train, test = load_data()
     job = build_job(train, test, args.epochs)
@@ -129,7 +146,9 @@ def main(argv=None):
     params = session.workspace["params"]
     _, (x_test, y_test) = train, test
     accuracy = float((predict(params, x_test).argmax(-1) == y_test).mean())
-    print(f"done: epoch {last}, test accuracy {accuracy:.4f}, {time.perf_counter() - start:.2f}s")
+    if jax.process_index() == 0:
+        seconds = time.perf_counter() - start
+        print(f"done: epoch {last}, test accuracy {accuracy:.4f}, {seconds:.2f}s")
 
 
 if __name__ == "__main__":
