@@ -1,5 +1,7 @@
 """Two real processes (gloo on 127.0.0.1) run one job with a sharded global array: save, resume."""
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -63,3 +65,31 @@ def test_two_processes_train_checkpoint_and_resume(tmp_path):
         "local.2",
         "local.3",
     ]
+
+
+def test_multi_node_manager_on_two_processes(tmp_path):
+    """Two logical nodes on 2 processes: per-node checkpoints, resume, gathering named leaves."""
+    here = os.path.dirname(__file__)
+    outputs = []
+    for epochs in (2, 3):
+        proc = subprocess.run(
+            [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
+            + [os.path.join(here, "mp_nodes.py"), str(tmp_path), str(epochs)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        results = [
+            line.split("RESULT ")[1] for line in proc.stdout.splitlines() if "RESULT" in line
+        ]
+        outputs.append({r["process"]: r for r in map(json.loads, results)})
+    for process in (0, 1):
+        first, second = outputs[0][process], outputs[1][process]
+        assert first["last"] == 2 and second["last"] == 3
+        assert first["gathered"] and not first["missing_epoch"]
+        assert (first["w_0"], first["w_1"]) == ([2.0], [4.0])
+        assert (second["w_0"], second["w_1"]) == ([3.0], [8.0])  # resumed, not restarted
+        assert second["cursor"] == [process, 3]  # each process's own copy, from trainer_1
+    names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert names == [f"{n}.{e}" for n in ("local", "trainer_0", "trainer_1") for e in range(4)]
