@@ -14,6 +14,8 @@ logger = logging.getLogger(__name__)
 ENV_COORDINATOR = "JAXJOB_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXJOB_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXJOB_PROCESS_ID"
+ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
 _CLUSTER_ENV = (
     "SLURM_JOB_ID",
     "OMPI_COMM_WORLD_SIZE",
@@ -26,10 +28,13 @@ def initialize() -> None:
     """Joins the ``jax.distributed`` job this process belongs to; a no-op alone.
 
     Under ``jaxjob launch`` it reads ``JAXJOB_COORDINATOR``,
-    ``JAXJOB_NUM_PROCESSES`` and ``JAXJOB_PROCESS_ID``. Under a cluster's own
-    launcher (SLURM, Open MPI, TPU pods, or ``JAX_COORDINATOR_ADDRESS`` set)
-    it lets JAX auto-detect. A plain single process does nothing. Call it
-    before any other JAX call, on every process.
+    ``JAXJOB_NUM_PROCESSES`` and ``JAXJOB_PROCESS_ID``. With
+    ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``
+    set (any launcher, e.g. Kubernetes) it passes them to
+    ``jax.distributed.initialize``. Under a cluster's own launcher (SLURM,
+    Open MPI, TPU pods, or ``JAX_COORDINATOR_ADDRESS`` alone) it lets JAX
+    auto-detect. A plain single process does nothing. Call it before any
+    other JAX call, on every process.
 
     Example:
         >>> initialize()  # a plain process: nothing to join
@@ -42,6 +47,12 @@ def initialize() -> None:
             coordinator_address=os.environ[ENV_COORDINATOR],
             num_processes=int(os.environ[ENV_NUM_PROCESSES]),
             process_id=int(os.environ[ENV_PROCESS_ID]),
+        )
+    elif ENV_JAX_NUM_PROCESSES in os.environ and ENV_JAX_PROCESS_ID in os.environ:
+        jax.distributed.initialize(
+            coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
+            num_processes=int(os.environ[ENV_JAX_NUM_PROCESSES]),
+            process_id=int(os.environ[ENV_JAX_PROCESS_ID]),
         )
     elif any(name in os.environ for name in _CLUSTER_ENV):
         jax.distributed.initialize()

@@ -1,5 +1,6 @@
 """jaxjob launch: environment, output prefixes, exit codes, stopping the others on failure."""
 
+import os
 import subprocess
 import sys
 import time
@@ -7,6 +8,7 @@ import time
 import pytest
 
 import jaxjob.cli
+import jaxjob.launch
 
 
 def _launch(*args, timeout=120):
@@ -76,3 +78,30 @@ def test_bad_process_count(capsys, n):
     """A process count below 1 returns 2 naming the values."""
     assert jaxjob.cli.main(["launch", "-n", n, "--", "true"]) == 2
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_initialize_reads_the_jax_variables_of_another_launcher():
+    """Another launcher sets JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID."""
+    code = (
+        "import jax, jaxjob; jax.config.update('jax_cpu_collectives_implementation', 'gloo'); "
+        "jaxjob.distributed.initialize(); print('JOINED', jax.process_index(), jax.process_count())"
+    )
+    port = jaxjob.launch._free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": str(i),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert [out.strip().splitlines()[-1] for out, _ in outputs] == ["JOINED 0 2", "JOINED 1 2"]
