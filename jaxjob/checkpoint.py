@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob import hosts, storage
+from jaxjob import hosts, private, storage
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import committed_epochs, db_name, is_committed
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
@@ -106,6 +106,12 @@ class CheckpointManager:
             different process count: for each process of this job, the saved
             process whose copy it gets (a callable or a sequence). Without
             it, a process-count change with host-local leaves is an error.
+        owner_process: Makes this node's checkpoints private to one process
+            (the caffe2 style, where each process runs its own node): only
+            that process saves them, any process may read them, and neither
+            waits on the other processes. Its leaves must live on that
+            process's devices. None (the default): every process saves its
+            part of every checkpoint together (SPMD).
 
     In a multi-process job every process makes the same calls (SPMD): each
     :meth:`save` first checks, with every other process, that the previous
@@ -134,9 +140,21 @@ class CheckpointManager:
         timeout_s: float = hosts.DEFAULT_TIMEOUT_S,
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
+        owner_process: int | None = None,
     ) -> None:
         if not isinstance(db_prefix, str | os.PathLike) or not str(db_prefix):
             raise TypeError(f"db_prefix must be a non-empty path, got {db_prefix!r}")
+        if owner_process is not None and (
+            isinstance(owner_process, bool)
+            or not isinstance(owner_process, int)
+            or not 0 <= owner_process < jax.process_count()
+        ):
+            raise ValueError(
+                f"owner_process must be None or a process index in [0, {jax.process_count()}), "
+                f"got {owner_process!r}"
+            )
+        self.owner_process = owner_process
+        self._private = owner_process is not None
         self.timeout_s = _seconds(timeout_s, "timeout_s")
         self.write_timeout_s = _seconds(write_timeout_s, "write_timeout_s")
         self.host_map = host_map
@@ -196,7 +214,7 @@ class CheckpointManager:
             )
         if retrieve_from_epoch is not None:
             path = self._existing(retrieve_from_epoch, path_prefix, path_type)
-            self._blob_names = storage.read_manifest(path)["state_keys"]
+            self._blob_names = storage.read_manifest(path, private=self._private)["state_keys"]
 
     def blob_list(self) -> list[str]:
         """Names of the leaves this manager saves and loads.
@@ -249,28 +267,33 @@ class CheckpointManager:
             ValueError: If a target differs from the checkpoint (names the key path).
         """
         path = self._existing(epoch, path_prefix, path_type)
-        manifest = storage.read_manifest(path)
+        manifest = storage.read_manifest(path, private=self._private)
         self._blob_names = list(manifest["state_keys"])
         return self._timed_load(path, self._blob_names, manifest, targets=targets)
 
     def saved_shapes(self, epoch: int) -> dict[str, Any]:
         """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""
-        return storage.saved_shapes(self._existing(epoch))
+        return storage.saved_shapes(self._existing(epoch), private=self._private)
 
     def load_outputs(self, epoch: int) -> Workspace:
         """Loads the epoch outputs saved with ``epoch`` for the stop conditions."""
         path = self._existing(epoch)
-        manifest = storage.read_manifest(path)
+        manifest = storage.read_manifest(path, private=self._private)
         names = manifest["output_keys"]
         items = storage.restore_items(
-            path, names, item=storage.OUTPUTS_ITEM, manifest=manifest, host_map=self.host_map
+            path,
+            names,
+            item=storage.OUTPUTS_ITEM,
+            manifest=manifest,
+            host_map=self.host_map,
+            private=self._private,
         )
         return Workspace(items)
 
     def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
         """Loads those of ``blob_names`` that this node's checkpoint of ``epoch`` holds."""
         path = self._existing(epoch)
-        manifest = storage.read_manifest(path)
+        manifest = storage.read_manifest(path, private=self._private)
         wanted = [n for n in blob_names if n in manifest["state_keys"]]
         return self._timed_load(path, wanted, manifest)
 
@@ -285,6 +308,7 @@ class CheckpointManager:
             sharding=sharding,
             manifest=manifest,
             host_map=self.host_map,
+            private=self._private,
         )
         self._current_stats = {
             "epoch": manifest["epoch"],
@@ -314,6 +338,7 @@ class CheckpointManager:
                 (raised after this epoch's save has started).
             HostTimeoutError: If another process does not arrive in time.
         """
+        self._check_writer()
         started = self._pending.started if self._pending else None
         previous = self._finish_pending()
         workspace, outputs = Workspace(workspace), Workspace(outputs or {})
@@ -323,11 +348,11 @@ class CheckpointManager:
         try:
             manifest = _manifest(epoch, self._node_name, workspace, outputs)
             kinds = manifest["leaves"]
-            workspace, digests = storage.encode(workspace, kinds)
-            outputs, output_digests = storage.encode(outputs, kinds)
+            workspace, digests = storage.encode(workspace, kinds, private=self._private)
+            outputs, output_digests = storage.encode(outputs, kinds, private=self._private)
             digests.update(output_digests)
             _prepare_prefix(self._db_prefix)
-            if jax.process_index() == 0:
+            if jax.process_index() == (self.owner_process or 0):
                 pending = _Pending(epoch, path, start, superseded=_move_aside(path))
         except Exception as err:
             problem = err
@@ -367,8 +392,8 @@ class CheckpointManager:
         timeout_s = self.timeout_s
         if started is not None:  # others may still wait, up to write_timeout_s, for that write
             timeout_s += max(0.0, started + self.write_timeout_s - time.perf_counter())
-        posts = hosts.exchange(what, mine, timeout_s=timeout_s)
-        me = [jax.process_index()]
+        posts = [mine] if self._private else hosts.exchange(what, mine, timeout_s=timeout_s)
+        me = [0] if self._private else [jax.process_index()]
         failed = [p for p, post in enumerate(posts) if post["previous"]]
         if failed and failed != me:
             at = posts[failed[0]]["previous_at"]
@@ -382,6 +407,13 @@ class CheckpointManager:
             return previous, CheckpointSaveError(epoch, path, text, problems)
         mismatch = _host_local_mismatch(posts) or _replicated_mismatch(posts)
         return previous, (ValueError(mismatch) if mismatch else None)
+
+    def _check_writer(self) -> None:
+        if self._private and jax.process_index() != self.owner_process:
+            raise ValueError(
+                f"node {self._node_name!r} is saved by process {self.owner_process} alone "
+                f"(owner_process), but save was called on process {jax.process_index()}"
+            )
 
     def _start(self, epoch, path, workspace, outputs, manifest, pending):
         """Starts the Orbax save on every process; returns its failure, if any."""
@@ -402,12 +434,21 @@ class CheckpointManager:
 
     def _get_checkpointer(self):
         if self._checkpointer is None:
-            handler = storage.composite_handler()
+            handler = storage.composite_handler(self._private)
+            kwargs = {}
+            if self._private and jax.process_count() > 1:
+                kwargs["multiprocessing_options"] = private.options()
             if self._async_save:
-                options = ocp.AsyncOptions(timeout_secs=max(1, round(self.write_timeout_s)))
-                self._checkpointer = ocp.AsyncCheckpointer(handler, async_options=options)
+                options = ocp.AsyncOptions(
+                    timeout_secs=max(1, round(self.write_timeout_s)),
+                    # Orbax keys the signals of asynchronous directory creation by a
+                    # per-process counter in the job-wide key-value store: the private
+                    # saves of two processes would collide.
+                    create_directories_asynchronously=not kwargs,
+                )
+                self._checkpointer = ocp.AsyncCheckpointer(handler, async_options=options, **kwargs)
             else:
-                self._checkpointer = ocp.Checkpointer(handler)
+                self._checkpointer = ocp.Checkpointer(handler, **kwargs)
         return self._checkpointer
 
     def _record_failure(
@@ -460,7 +501,7 @@ class CheckpointManager:
         """
         started = self._pending.started if self._pending else None
         failure = self._finish_pending()
-        if jax.process_count() > 1:
+        if jax.process_count() > 1 and not self._private:
             failure, _ = self._agree(None, None, failure, None, None, started=started)
         if failure is not None:
             raise failure
@@ -495,7 +536,8 @@ class CheckpointManager:
         """
         stats: dict[str, Any] = {}
         self.collect_checkpoint_stats(stats)
-        self._metadata_handler.report(action_name, gather_stats(stats, self.timeout_s))
+        stats = gather_stats(stats, self.timeout_s, exchange=not self._private)
+        self._metadata_handler.report(action_name, stats)
 
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
         """The epoch to resume from (``user_epoch`` wins), or None for a fresh start."""
@@ -563,25 +605,36 @@ def _remove(path: str) -> None:
         logger.warning("could not remove the superseded checkpoint %s: %s", path, err)
 
 
-def gather_stats(stats: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def gather_stats(
+    stats: dict[str, Any], timeout_s: float, *, exchange: bool = True
+) -> dict[str, Any]:
     """Every process's stats of the last action, per checkpoint directory.
 
     Each entry gets ``hosts`` (each process's ``duration_s``, ``bytes`` and
     ``error``), ``slowest_process`` (the one that dominated), the longest
-    ``duration_s``, the total ``bytes`` and every process's errors.
+    ``duration_s``, the total ``bytes`` and every process's errors. A
+    directory a process did not touch has no entry of that process. With
+    ``exchange=False`` only this process's stats are used.
     """
-    posts = hosts.exchange("the checkpoint stats", {"stats": stats}, timeout_s=timeout_s)
+    mine = {"stats": stats, "process": jax.process_index()}
+    posts = (
+        hosts.exchange("the checkpoint stats", mine, timeout_s=timeout_s) if exchange else [mine]
+    )
     merged: dict[str, Any] = {}
     for db in sorted({db for post in posts for db in post["stats"]}):
-        per = [{"process": p, **post["stats"].get(db, {})} for p, post in enumerate(posts)]
+        per = [
+            {"process": post["process"], **post["stats"][db]}
+            for post in posts
+            if db in post["stats"]
+        ]
         durations = [h.get("duration_s") or 0.0 for h in per]
         errors = [f"process {h['process']}: {h['error']}" for h in per if h.get("error")]
         merged[db] = {
-            **stats.get(db, per[0]),
+            **stats.get(db, {k: v for k, v in per[0].items() if k != "process"}),
             "duration_s": max(durations),
             "bytes": sum(h.get("bytes") or 0 for h in per),
             "error": "; ".join(errors) or None,
-            "slowest_process": max(range(len(per)), key=durations.__getitem__),
+            "slowest_process": per[max(range(len(per)), key=durations.__getitem__)]["process"],
             "hosts": per,
         }
     return merged

@@ -6,6 +6,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import jax
+
 from jaxjob import hosts
 from jaxjob.checkpoint import (
     DEFAULT_WRITE_TIMEOUT_S,
@@ -44,6 +46,13 @@ class MultiNodeCheckpointManager:
             :class:`~jaxjob.checkpoint.CheckpointManager`).
         host_map: How to resume host-local leaves on another process count
             (see :class:`~jaxjob.checkpoint.CheckpointManager`).
+        node_processes: The caffe2 style across processes: ``{node: process}``
+            for nodes whose checkpoints one process alone saves (each process
+            runs its own :class:`~jaxjob.task.Node`). A process saves and
+            resumes only its own nodes (and those not listed, which every
+            process saves together); :meth:`load_blobs_locally` reads every
+            node's checkpoint on the calling process alone. A save failure of
+            any process's node is raised (or logged) on every process.
 
     Example:
         >>> import tempfile, jax.numpy as jnp
@@ -65,14 +74,18 @@ class MultiNodeCheckpointManager:
         timeout_s: float = hosts.DEFAULT_TIMEOUT_S,
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
+        node_processes: Mapping[str, int] | None = None,
     ) -> None:
+        self._node_processes = {str(k): v for k, v in (node_processes or {}).items()}
         self._options = {
             "async_save": async_save,
             "timeout_s": timeout_s,
             "write_timeout_s": write_timeout_s,
             "host_map": host_map,
         }
-        CheckpointManager(db_prefix, **self._options)  # validates the options
+        for owner in self._node_processes.values():  # validates the options
+            CheckpointManager(db_prefix, **self._options, owner_process=owner)
+        CheckpointManager(db_prefix, **self._options)
         self.timeout_s = float(timeout_s)
         self._db_prefix = str(db_prefix)
         self._db_type = db_type
@@ -122,6 +135,7 @@ class MultiNodeCheckpointManager:
                     self._db_type,
                     DiskMetadataHandler(),
                     **self._options,
+                    owner_process=self._node_processes.get(name),
                 ),
             )
             for name in names
@@ -186,25 +200,25 @@ class MultiNodeCheckpointManager:
         *,
         targets: Mapping[str, Any] | None = None,
     ) -> Workspace:
-        """Loads and merges every node's checkpoint of ``epoch``."""
+        """Loads and merges every node's checkpoint of ``epoch`` (private nodes: its own)."""
         merged: dict[str, Any] = {}
-        for name, manager in self.node_managers:
+        for name, manager in self._own_managers():
             ws = manager.load(epoch, path_prefix, path_type, targets=targets)
             self._key_nodes.update(dict.fromkeys(ws, name))
             merged.update(ws)
         return Workspace(merged)
 
     def saved_shapes(self, epoch: int) -> dict[str, Any]:
-        """Shapes and dtypes of every node's leaves saved at ``epoch``."""
+        """Shapes and dtypes of the leaves saved at ``epoch`` of the nodes :meth:`load` reads."""
         merged: dict[str, Any] = {}
-        for _, manager in self.node_managers:
+        for _, manager in self._own_managers():
             merged.update(manager.saved_shapes(epoch))
         return merged
 
     def load_outputs(self, epoch: int) -> Workspace:
-        """Loads the stop-condition outputs saved with ``epoch``."""
+        """Loads the stop-condition outputs saved with ``epoch`` by the nodes ``load`` reads."""
         merged: dict[str, Any] = {}
-        for _, manager in self.node_managers:
+        for _, manager in self._own_managers():
             merged.update(manager.load_outputs(epoch))
         return Workspace(merged)
 
@@ -243,6 +257,27 @@ class MultiNodeCheckpointManager:
         logger.info("Loaded %s from the checkpoints of epoch %d", names, epoch)
         return True
 
+    def _own_managers(self) -> list[tuple[str, CheckpointManager]]:
+        """The nodes this process saves and resumes: its own and those every process shares."""
+        me = jax.process_index()
+        return [(n, m) for n, m in self.node_managers if m.owner_process in (None, me)]
+
+    def _share_failure(self, what: str, failure: CheckpointSaveError | None):
+        """With private nodes, every process learns each process's save failure."""
+        if not self._node_processes or jax.process_count() == 1:
+            return failure
+        post = {
+            "error": str(failure) if failure else None,
+            "epoch": failure.epoch if failure else None,
+        }
+        posts = hosts.exchange(what, post, timeout_s=self.timeout_s)
+        failed = [p for p, x in enumerate(posts) if x["error"]]
+        if not failed or failed == [jax.process_index()]:
+            return failure
+        text = "; ".join(f"process {p}: {posts[p]['error']}" for p in failed)
+        at = posts[failed[0]]
+        return CheckpointSaveError(at["epoch"], self._db_prefix, text, failed)
+
     def _owner(self, name: str) -> str:
         nodes = [n for n, _ in self.node_managers]
         owner = self._key_nodes.get(name, nodes[0])
@@ -257,16 +292,25 @@ class MultiNodeCheckpointManager:
                 previous async save.
         """
         due, self._metadata_due = self._metadata_due, None
-        first = self.node_managers[0][0]
-        previous = None
-        for name, manager in self.node_managers:
+        own = self._own_managers()
+        previous = current = None
+        for name, manager in own:
             part = {k: v for k, v in workspace.items() if self._owner(k) == name}
             try:
-                manager.save(epoch, part, outputs=outputs if name == first else None)
+                manager.save(epoch, part, outputs=outputs if name == own[0][0] else None)
             except CheckpointSaveError as err:
-                if err.epoch == epoch:
-                    raise
-                previous = previous or err
+                if err.epoch != epoch:
+                    previous = previous or err
+                    continue
+                current = err
+                break
+            except OSError as err:  # this process's prefix is not writable
+                current = CheckpointSaveError(epoch, manager.get_ckpt_db_name(name, epoch), err)
+                break
+        current = self._share_failure(f"the node saves of epoch {epoch}", current)
+        if current is not None:
+            raise current
+        previous = self._share_failure(f"the node writes before epoch {epoch}", previous)
         if due is not None and previous is None:
             self._metadata_handler.write(epoch=due)
         if previous is not None:
@@ -281,11 +325,13 @@ class MultiNodeCheckpointManager:
         if self._node_managers is None:
             return
         failures = []
-        for _, manager in self._node_managers:
+        for _, manager in self._own_managers():
             try:
                 manager.wait_until_finished()
             except CheckpointSaveError as err:
                 failures.append(err)
+        shared = self._share_failure("the end of the node saves", failures[0] if failures else None)
+        failures = [shared] if shared and not failures else failures
         due, self._metadata_due = self._metadata_due, None
         if due is not None and not failures:
             self._metadata_handler.write(epoch=due)

@@ -38,6 +38,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxjob import hostlocal
+from jaxjob import private as privatedir
 from jaxjob.layout import MANIFEST_ITEM
 
 __all__ = [
@@ -125,20 +126,23 @@ def save_args(
 
 
 def encode(
-    tree: Mapping[str, Any], kinds: Mapping[str, Any]
+    tree: Mapping[str, Any], kinds: Mapping[str, Any], *, private: bool = False
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """``tree`` as Orbax saves it, and digests of the leaves every process must agree on.
 
     Host-local leaves become their per-process rows. In a multi-process job,
     a ``jax.Array`` that lives on this process only becomes a replicated
     global array; its digest is returned so the processes can check that
-    they hold the same value.
+    they hold the same value. For a private directory, ``jax.Array`` s are
+    copied to NumPy and the rest is kept as it is.
     """
     digests: dict[str, str] = {}
     multi = jax.process_count() > 1
 
     def convert(name: str, path: Any, leaf: Any) -> Any:
         key = param_name(name, path)
+        if private:
+            return privatedir.to_host(leaf, kinds[key])
         if kinds[key]["kind"] in HOST_LOCAL_KINDS:
             return hostlocal.encode(leaf, kinds[key])
         if multi and leaf.is_fully_addressable:
@@ -152,22 +156,50 @@ def encode(
     return encoded, digests
 
 
-def composite_handler() -> ocp.CompositeCheckpointHandler:
-    """The Orbax handler of a checkpoint directory, with each item's handler registered."""
+def composite_handler(private: bool = False) -> ocp.CompositeCheckpointHandler:
+    """The Orbax handler of a checkpoint directory, with each item's handler registered.
+
+    With ``private`` (in a multi-process job) this process alone writes or reads it.
+    """
+    if not (private and jax.process_count() > 1):
+        return ocp.CompositeCheckpointHandler(
+            **{
+                STATE_ITEM: ocp.PyTreeCheckpointHandler(),
+                OUTPUTS_ITEM: ocp.PyTreeCheckpointHandler(),
+                MANIFEST_ITEM: ocp.JsonCheckpointHandler(),
+            }
+        )
+    options, registry = privatedir.options(), privatedir.registry()
+
+    def pytree() -> ocp.PyTreeCheckpointHandler:
+        return ocp.PyTreeCheckpointHandler(
+            use_ocdbt=False, multiprocessing_options=options, type_handler_registry=registry
+        )
+
     return ocp.CompositeCheckpointHandler(
+        composite_options=ocp.CompositeOptions(
+            multiprocessing_options=options,
+            # Orbax keys the signals of asynchronous directory creation by a per-process
+            # counter in the job-wide key-value store: two processes would collide.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+        ),
         **{
-            STATE_ITEM: ocp.PyTreeCheckpointHandler(),
-            OUTPUTS_ITEM: ocp.PyTreeCheckpointHandler(),
-            MANIFEST_ITEM: ocp.JsonCheckpointHandler(),
-        }
+            STATE_ITEM: pytree(),
+            OUTPUTS_ITEM: pytree(),
+            MANIFEST_ITEM: ocp.JsonCheckpointHandler(multiprocessing_options=options),
+        },
     )
 
 
-def _checkpointer() -> ocp.Checkpointer:
+def _checkpointer(private: bool = False) -> ocp.Checkpointer:
+    if private and jax.process_count() > 1:
+        return ocp.Checkpointer(
+            composite_handler(private), multiprocessing_options=privatedir.options()
+        )
     return ocp.Checkpointer(composite_handler())
 
 
-def read_manifest(path: str) -> dict[str, Any]:
+def read_manifest(path: str, *, private: bool = False) -> dict[str, Any]:
     """Reads the JSON manifest of a committed checkpoint directory.
 
     Raises:
@@ -177,7 +209,7 @@ def read_manifest(path: str) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{path!r} is not a committed jaxjob checkpoint directory (no {MANIFEST_ITEM}/ item)"
         )
-    restored = _checkpointer().restore(
+    restored = _checkpointer(private).restore(
         os.path.abspath(path), args=ocp.args.Composite(**{MANIFEST_ITEM: ocp.args.JsonRestore()})
     )
     manifest = restored[MANIFEST_ITEM]
@@ -189,8 +221,8 @@ def read_manifest(path: str) -> dict[str, Any]:
     return manifest
 
 
-def _saved_tree(path: str, item: str) -> dict[str, Any]:
-    metadata = _checkpointer().metadata(os.path.abspath(path)).item_metadata[item]
+def _saved_tree(path: str, item: str, private: bool = False) -> dict[str, Any]:
+    metadata = _checkpointer(private).metadata(os.path.abspath(path)).item_metadata[item]
     return dict(metadata.tree)
 
 
@@ -208,6 +240,8 @@ def _default_sharding(sharding: Any, name: str) -> jax.sharding.Sharding:
 
 def _placeholder(meta: Any, kind: dict[str, Any], sharding: Any, saved_count: int, row) -> Any:
     """A restore target for a saved leaf, from its Orbax metadata and manifest kind."""
+    if saved_count == 0:  # a private directory: every leaf is stored as a NumPy array
+        return np.zeros(tuple(meta.shape), meta.dtype)
     if kind["kind"] in HOST_LOCAL_KINDS:
         return hostlocal.target(kind, saved_count, row)
     return jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype, sharding=sharding)
@@ -254,6 +288,7 @@ def restore_items(
     sharding: Any = None,
     manifest: Mapping[str, Any] | None = None,
     host_map: hostlocal.HostMap | None = None,
+    private: bool = False,
 ) -> dict[str, Any]:
     """Restores the named entries of one item of a checkpoint directory.
 
@@ -265,7 +300,8 @@ def restore_items(
     ``jax.Array`` leaves go to ``sharding`` (a Sharding, or a mapping from
     name to Sharding), by default this process's first device. Host-local
     leaves come back as this process's own copy, or as the copy of the saved
-    process that ``host_map`` gives for it.
+    process that ``host_map`` gives for it. A ``private`` directory is read
+    by this process alone.
 
     Raises:
         ValueError: If a target's structure, shape or dtype differs from the
@@ -273,25 +309,28 @@ def restore_items(
             by another number of processes and ``host_map`` is None.
     """
     path = os.path.abspath(path)
-    manifest = manifest or read_manifest(path)
+    manifest = manifest or read_manifest(path, private=private)
     names = list(names)
     if not names:
         return {}
     kinds = manifest["leaves"]
-    saved = _saved_tree(path, item)
-    count = int(manifest.get("process_count", 1))
+    saved = _saved_tree(path, item, private)
+    count = 0 if private else int(manifest.get("process_count", 1))
     local = [
         m.name
         for n in names
         for m in jax.tree.leaves(saved[n])
         if kinds[m.name]["kind"] in HOST_LOCAL_KINDS
     ]
-    row = hostlocal.row_for_this_process(host_map, count, local) if local else None
+    row = hostlocal.row_for_this_process(host_map, count, local) if local and count else None
     restore_item: dict[str, Any] = {}
     for name in names:
         if targets is not None and name in targets:
             _check_target(name, targets[name], saved[name], kinds)
-            restore_item[name] = _host_targets(name, targets[name], kinds, count, row)
+            if private:
+                restore_item[name] = _private_targets(name, targets[name], saved[name], kinds)
+            else:
+                restore_item[name] = _host_targets(name, targets[name], kinds, count, row)
         else:
             shard = _default_sharding(sharding, name)
             restore_item[name] = jax.tree.map(
@@ -301,8 +340,40 @@ def restore_items(
     args = ocp.args.PyTreeRestore(
         item=restore_item, restore_args=restore_args, partial_restore=True
     )
-    restored = _checkpointer().restore(path, args=ocp.args.Composite(**{item: args}))[item]
+    composite = ocp.args.Composite(**{item: args})
+    restored = _checkpointer(private).restore(path, args=composite)[item]
+    if private:
+        return {
+            name: _from_host(name, restored[name], kinds, (targets or {}).get(name), sharding)
+            for name in names
+        }
     return {name: _retyped(name, restored[name], kinds, row) for name in names}
+
+
+def _private_targets(name: str, target: Any, saved: Any, kinds: Mapping[str, Any]) -> Any:
+    """NumPy placeholders in ``target``'s pytree structure, for reading a private directory."""
+    metas = {m.name: m for m in jax.tree.leaves(saved)}
+
+    def placeholder(path: Any, _: Any) -> Any:
+        key = param_name(name, path)
+        return _placeholder(metas[key], kinds[key], None, 0, None)
+
+    return jax.tree_util.tree_map_with_path(placeholder, target)
+
+
+def _from_host(name: str, value: Any, kinds: Mapping[str, Any], target: Any, sharding: Any) -> Any:
+    """A private directory's leaves with their saved types; jax.Arrays go to their devices."""
+    default = _default_sharding(sharding, name)
+    placements = {}
+    if target is not None:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]:
+            placements[param_name(name, path)] = getattr(leaf, "sharding", None)
+
+    def fix(path: Any, leaf: Any) -> Any:
+        key = param_name(name, path)
+        return privatedir.from_host(leaf, kinds[key], placements.get(key) or default)
+
+    return jax.tree_util.tree_map_with_path(fix, value)
 
 
 def _host_targets(name: str, target: Any, kinds: Mapping[str, Any], count: int, row) -> Any:
@@ -327,10 +398,10 @@ def _retyped(name: str, value: Any, kinds: Mapping[str, Any], row: int | None) -
     return jax.tree_util.tree_map_with_path(fix, value)
 
 
-def saved_shapes(path: str) -> dict[str, Any]:
+def saved_shapes(path: str, *, private: bool = False) -> dict[str, Any]:
     """Shapes and dtypes of every saved state leaf (``jax.ShapeDtypeStruct`` s), reading no data."""
-    kinds = read_manifest(path)["leaves"]
-    saved = _saved_tree(os.path.abspath(path), STATE_ITEM)
+    kinds = read_manifest(path, private=private)["leaves"]
+    saved = _saved_tree(os.path.abspath(path), STATE_ITEM, private)
 
     def shape(meta: Any) -> jax.ShapeDtypeStruct:
         kind = kinds[meta.name]

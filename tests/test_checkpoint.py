@@ -185,3 +185,33 @@ def test_multinode_stats_report_every_node(tmp_path):
     assert stats[f"{tmp_path}/a.0"]["bytes"] == 4000
     assert stats[f"{tmp_path}/b.0"]["bytes"] == 40
     assert all(s["duration_s"] >= 0 for s in stats.values())
+
+
+def test_private_node_round_trips_every_leaf_kind(tmp_path):
+    """owner_process: a node stored host-side by one process comes back with exact types."""
+    ws = {
+        "w": jnp.arange(4, dtype=jnp.bfloat16),
+        "key": jax.random.key(3),
+        "cursor": np.array([5, 6], np.int64),
+        "step": np.float64(0.25),
+        "n": 7,
+        "flag": True,
+    }
+    ckpt = jaxjob.CheckpointManager(str(tmp_path), "trainer_0", owner_process=0)
+    ckpt.save(0, ws)
+    ckpt.wait_until_finished()
+    back = ckpt.load(0)
+    assert back["w"].dtype == jnp.bfloat16 and back["w"].tolist() == ws["w"].tolist()
+    assert jax.random.key_data(back["key"]).tolist() == jax.random.key_data(ws["key"]).tolist()
+    assert back["cursor"].dtype == np.int64 and back["cursor"].tolist() == [5, 6]
+    assert type(back["step"]) is np.float64 and back["step"] == 0.25
+    assert type(back["n"]) is int and back["n"] == 7
+    assert type(back["flag"]) is bool and back["flag"] is True
+
+
+def test_private_node_arguments():
+    """owner_process must name a process of the job."""
+    with pytest.raises(
+        ValueError, match=r"owner_process must be None or a process index in \[0, 1\), got 3"
+    ):
+        jaxjob.CheckpointManager("/tmp/x", owner_process=3)

@@ -93,3 +93,35 @@ def test_multi_node_manager_on_two_processes(tmp_path):
         assert second["cursor"] == [process, 3]  # each process's own copy, from trainer_1
     names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert names == [f"{n}.{e}" for n in ("local", "trainer_0", "trainer_1") for e in range(4)]
+
+
+def test_each_process_saves_its_own_node(tmp_path):
+    """The caffe2 style: process i runs Node trainer_i alone and saves only trainer_i.<epoch>;
+    resume continues each process's own leaves; process 0 alone gathers every node's leaves."""
+    here = os.path.dirname(__file__)
+    outputs = []
+    for epochs in (2, 3):
+        proc = subprocess.run(
+            [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
+            + [os.path.join(here, "mp_private_nodes.py"), str(tmp_path), str(epochs)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        results = [
+            line.split("RESULT ")[1] for line in proc.stdout.splitlines() if "RESULT" in line
+        ]
+        outputs.append({r["process"]: r for r in map(json.loads, results)})
+    for process in (0, 1):
+        first, second = outputs[0][process], outputs[1][process]
+        own = {"cursor", "jaxjob/epochs_done", "key", f"w_{process}"}
+        assert set(first["names"]) == set(second["names"]) == own  # only its own node's leaves
+        assert first["w"] == [(process + 1) * 4.0 - 1] * 3  # w -> 2w + 1 from w = process
+        assert second["w"] == [(process + 1) * 8.0 - 1] * 3  # resumed at epoch 2, not restarted
+        assert second["cursor"] == [process, 3] and second["key"] == [0, process]
+    gathered = outputs[1][0]
+    assert gathered["gathered"] and not gathered["missing_epoch"]
+    assert gathered["gathered_w"] == {"w_0": [7.0] * 3, "w_1": [15.0] * 3}
+    names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert names == [f"trainer_{i}.{e}" for i in (0, 1) for e in range(4)]
