@@ -67,23 +67,23 @@ def test_two_processes_train_checkpoint_and_resume(tmp_path):
     ]
 
 
+def _run_script(tmp_path, script, epochs):
+    """Runs tests/``script`` on 2 processes; returns each process's RESULT json, by process."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
+        + [os.path.join(os.path.dirname(__file__), script), str(tmp_path), str(epochs)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = [line.split("RESULT ")[1] for line in proc.stdout.splitlines() if "RESULT" in line]
+    return {r["process"]: r for r in map(json.loads, results)}
+
+
 def test_multi_node_manager_on_two_processes(tmp_path):
     """Two logical nodes on 2 processes: per-node checkpoints, resume, gathering named leaves."""
-    here = os.path.dirname(__file__)
-    outputs = []
-    for epochs in (2, 3):
-        proc = subprocess.run(
-            [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
-            + [os.path.join(here, "mp_nodes.py"), str(tmp_path), str(epochs)],
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        results = [
-            line.split("RESULT ")[1] for line in proc.stdout.splitlines() if "RESULT" in line
-        ]
-        outputs.append({r["process"]: r for r in map(json.loads, results)})
+    outputs = [_run_script(tmp_path, "mp_nodes.py", epochs) for epochs in (2, 3)]
     for process in (0, 1):
         first, second = outputs[0][process], outputs[1][process]
         assert first["last"] == 2 and second["last"] == 3
@@ -98,21 +98,7 @@ def test_multi_node_manager_on_two_processes(tmp_path):
 def test_each_process_saves_its_own_node(tmp_path):
     """The caffe2 style: process i runs Node trainer_i alone and saves only trainer_i.<epoch>;
     resume continues each process's own leaves; process 0 alone gathers every node's leaves."""
-    here = os.path.dirname(__file__)
-    outputs = []
-    for epochs in (2, 3):
-        proc = subprocess.run(
-            [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
-            + [os.path.join(here, "mp_private_nodes.py"), str(tmp_path), str(epochs)],
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        results = [
-            line.split("RESULT ")[1] for line in proc.stdout.splitlines() if "RESULT" in line
-        ]
-        outputs.append({r["process"]: r for r in map(json.loads, results)})
+    outputs = [_run_script(tmp_path, "mp_private_nodes.py", epochs) for epochs in (2, 3)]
     for process in (0, 1):
         first, second = outputs[0][process], outputs[1][process]
         own = {"cursor", "jaxjob/epochs_done", "key", f"w_{process}"}
