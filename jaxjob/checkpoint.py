@@ -214,7 +214,7 @@ class CheckpointManager:
             )
         if retrieve_from_epoch is not None:
             path = self._existing(retrieve_from_epoch, path_prefix, path_type)
-            self._blob_names = storage.read_manifest(path, private=self._private)["state_keys"]
+            self._blob_names = storage.read_manifest(path)["state_keys"]
 
     def blob_list(self) -> list[str]:
         """Names of the leaves this manager saves and loads.
@@ -267,7 +267,7 @@ class CheckpointManager:
             ValueError: If a target differs from the checkpoint (names the key path).
         """
         path = self._existing(epoch, path_prefix, path_type)
-        manifest = storage.read_manifest(path, private=self._private)
+        manifest = storage.read_manifest(path)
         self._blob_names = list(manifest["state_keys"])
         return self._timed_load(path, self._blob_names, manifest, targets=targets)
 
@@ -278,7 +278,7 @@ class CheckpointManager:
     def load_outputs(self, epoch: int) -> Workspace:
         """Loads the epoch outputs saved with ``epoch`` for the stop conditions."""
         path = self._existing(epoch)
-        manifest = storage.read_manifest(path, private=self._private)
+        manifest = storage.read_manifest(path)
         names = manifest["output_keys"]
         items = storage.restore_items(
             path,
@@ -293,7 +293,7 @@ class CheckpointManager:
     def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
         """Loads those of ``blob_names`` that this node's checkpoint of ``epoch`` holds."""
         path = self._existing(epoch)
-        manifest = storage.read_manifest(path, private=self._private)
+        manifest = storage.read_manifest(path)
         wanted = [n for n in blob_names if n in manifest["state_keys"]]
         return self._timed_load(path, wanted, manifest)
 
@@ -346,7 +346,7 @@ class CheckpointManager:
         pending, manifest, problem, digests = None, None, None, {}
         start = time.perf_counter()
         try:
-            manifest = _manifest(epoch, self._node_name, workspace, outputs)
+            manifest = _manifest(epoch, self._node_name, workspace, outputs, self.owner_process)
             kinds = manifest["leaves"]
             workspace, digests = storage.encode(workspace, kinds, private=self._private)
             outputs, output_digests = storage.encode(outputs, kinds, private=self._private)
@@ -564,8 +564,11 @@ class CheckpointManager:
         return self._metadata_handler.cp_accessible(epoch)
 
 
-def _manifest(epoch: int, node: str, state: Workspace, outputs: Workspace) -> dict[str, Any]:
+def _manifest(
+    epoch: int, node: str, state: Workspace, outputs: Workspace, owner: int | None
+) -> dict[str, Any]:
     return {
+        "owner_process": owner,
         "format": storage.FORMAT,
         "epoch": epoch,
         "node": node,

@@ -63,7 +63,8 @@ def restore(
     """Restores a committed checkpoint, or named leaves of it, with no model code.
 
     Only the bytes of the requested leaves are read. In a multi-process job,
-    call it on every process. Containers come back as
+    call it on every process, except for a checkpoint that one process wrote
+    alone (``owner_process``), which any process reads on its own. Containers come back as
     the checkpoint stores them (dicts and lists); leaves keep their saved
     types (``jax.Array``, typed PRNG keys, bfloat16, NumPy arrays and
     scalars, Python scalars).
@@ -117,6 +118,13 @@ def restore(
     for d, manifest in manifests.items():
         mine = [n for n in names if n in manifest["state_keys"]]
         result.update(
-            storage.restore_items(d, mine, sharding=sharding, manifest=manifest, host_map=host_map)
+            storage.restore_items(
+                d,
+                mine,
+                sharding=sharding,
+                manifest=manifest,
+                host_map=host_map,
+                private=manifest.get("owner_process") is not None,
+            )
         )
     return Workspace(result)

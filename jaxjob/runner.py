@@ -187,6 +187,10 @@ class JobRunner:
     def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session):
         """Loads the named leaves of every node's checkpoint of ``epoch`` into the session.
 
+        In a multi-process job call it on every process (it reports every
+        process's stats); to read on one process alone, call the manager's
+        ``load_blobs_locally``.
+
         Returns:
             False, without raising, if some node's checkpoint of ``epoch`` is missing.
 

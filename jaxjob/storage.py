@@ -199,8 +199,10 @@ def _checkpointer(private: bool = False) -> ocp.Checkpointer:
     return ocp.Checkpointer(composite_handler())
 
 
-def read_manifest(path: str, *, private: bool = False) -> dict[str, Any]:
+def read_manifest(path: str) -> dict[str, Any]:
     """Reads the JSON manifest of a committed checkpoint directory.
+
+    Each process reads it on its own, without waiting on the others.
 
     Raises:
         FileNotFoundError: If ``path`` is not a committed jaxjob checkpoint.
@@ -209,7 +211,7 @@ def read_manifest(path: str, *, private: bool = False) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{path!r} is not a committed jaxjob checkpoint directory (no {MANIFEST_ITEM}/ item)"
         )
-    restored = _checkpointer(private).restore(
+    restored = _checkpointer(private=True).restore(
         os.path.abspath(path), args=ocp.args.Composite(**{MANIFEST_ITEM: ocp.args.JsonRestore()})
     )
     manifest = restored[MANIFEST_ITEM]
@@ -309,7 +311,7 @@ def restore_items(
             by another number of processes and ``host_map`` is None.
     """
     path = os.path.abspath(path)
-    manifest = manifest or read_manifest(path, private=private)
+    manifest = manifest or read_manifest(path)
     names = list(names)
     if not names:
         return {}
@@ -400,7 +402,7 @@ def _retyped(name: str, value: Any, kinds: Mapping[str, Any], row: int | None) -
 
 def saved_shapes(path: str, *, private: bool = False) -> dict[str, Any]:
     """Shapes and dtypes of every saved state leaf (``jax.ShapeDtypeStruct`` s), reading no data."""
-    kinds = read_manifest(path, private=private)["leaves"]
+    kinds = read_manifest(path)["leaves"]
     saved = _saved_tree(os.path.abspath(path), STATE_ITEM, private)
 
     def shape(meta: Any) -> jax.ShapeDtypeStruct:

@@ -46,4 +46,6 @@ if ME == 0:  # one process reads every process's node checkpoints, waiting on no
     result["gathered"] = ckpt.load_blobs_locally(NODES, names, last, probe)
     result["gathered_w"] = {k: v.tolist() for k, v in sorted(probe.workspace.items())}
     result["missing_epoch"] = ckpt.load_blobs_locally(NODES, names, last + 5, probe)
+    restored = jaxjob.restore(PREFIX, node_name=NODES[-1], leaves=[f"w_{len(NODES) - 1}"])
+    result["restored_w"] = restored[f"w_{len(NODES) - 1}"].tolist()
 print("RESULT", json.dumps(result), flush=True)

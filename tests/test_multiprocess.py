@@ -109,5 +109,6 @@ def test_each_process_saves_its_own_node(tmp_path):
     gathered = outputs[1][0]
     assert gathered["gathered"] and not gathered["missing_epoch"]
     assert gathered["gathered_w"] == {"w_0": [7.0] * 3, "w_1": [15.0] * 3}
+    assert gathered["restored_w"] == [15.0] * 3  # jaxjob.restore of process 1's node, on process 0
     names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert names == [f"trainer_{i}.{e}" for i in (0, 1) for e in range(4)]
