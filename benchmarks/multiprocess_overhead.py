@@ -1,0 +1,68 @@
+"""What running on several processes costs jaxjob, measured in the same run.
+
+    jaxjob launch -n 2 -- python benchmarks/multiprocess_overhead.py --epochs 30
+
+Process 0 prints the median digits epoch time without and with a checkpoint every
+epoch, and the median time of one cross-process wait (``jaxjob.hosts.exchange``,
+of which a checkpointed epoch makes four: stop conditions, access check, save
+agreement, stats), each as a ratio to the epoch without checkpoints.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+
+import jaxjob  # noqa: E402
+
+jaxjob.distributed.initialize()
+
+import digits  # noqa: E402
+import jax  # noqa: E402
+
+
+def epoch_times(num_epochs, ckpt_dir):
+    train, test = digits.load_data()
+    job = digits.build_job(train, test, num_epochs)
+    stamps = []
+    job.epoch_group.add(
+        lambda ws: stamps.append(jax.block_until_ready(ws["params"]) and time.perf_counter()),
+        jit=False,
+    )
+    ckpt = jaxjob.CheckpointManager(ckpt_dir) if ckpt_dir else None
+    jaxjob.JobRunner(job, ckpt).train(jaxjob.Session())
+    return [b - a for a, b in zip(stamps[1:], stamps[2:], strict=False)]  # skip compilation
+
+
+def exchange_times(count):
+    times = []
+    for i in range(count):
+        start = time.perf_counter()
+        jaxjob.hosts.exchange(f"benchmark {i}", {"i": i}, timeout_s=60)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=30)
+    args = parser.parse_args()
+    plain = statistics.median(epoch_times(args.epochs, None))
+    # Every process must write to the same directory: process 0 picks it.
+    directory = jaxjob.hosts.decide("the directory", tempfile.mkdtemp, timeout_s=60)
+    saved = statistics.median(epoch_times(args.epochs, directory))
+    wait = statistics.median(exchange_times(200))
+    if jax.process_index() == 0:
+        print(f"processes: {jax.process_count()}, devices: {jax.device_count()}")
+        print(f"median s/epoch without checkpoints: {plain:.4f}")
+        print(f"median s/epoch with async checkpoint every epoch: {saved:.4f}")
+        print(f"ratio (with / without): {saved / plain:.2f}")
+        print(f"median s per cross-process wait: {wait:.5f} ({wait / plain:.3f} of an epoch)")
+
+
+if __name__ == "__main__":
+    main()
