@@ -13,13 +13,13 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob import hosts, private, storage
+from jaxjob import boundary, hosts, private, storage
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import committed_epochs, db_name, is_committed
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
 from jaxjob.workspace import Workspace
 
-__all__ = ["CheckpointManager", "CheckpointSaveError", "gather_stats"]
+__all__ = ["CheckpointManager", "CheckpointSaveError"]
 
 logger = logging.getLogger(__name__)
 DB_TYPES = ("orbax",)
@@ -405,8 +405,8 @@ class CheckpointManager:
         if problems:
             text = "; ".join(f"process {p}: {posts[p]['problem']}" for p in problems)
             return previous, CheckpointSaveError(epoch, path, text, problems)
-        mismatch = _host_local_mismatch(posts) or _replicated_mismatch(posts)
-        return previous, (ValueError(mismatch) if mismatch else None)
+        disagreement = boundary.mismatch(posts)
+        return previous, (ValueError(disagreement) if disagreement else None)
 
     def _check_writer(self) -> None:
         if self._private and jax.process_index() != self.owner_process:
@@ -532,11 +532,11 @@ class CheckpointManager:
     def report_checkpoint_stats(self, action_name: str) -> None:
         """Sends every process's stats of the last action to the metadata handler.
 
-        Call it on every process; see :func:`gather_stats` for the entries.
+        Call it on every process; see :func:`jaxjob.boundary.gather_stats` for the entries.
         """
         stats: dict[str, Any] = {}
         self.collect_checkpoint_stats(stats)
-        stats = gather_stats(stats, self.timeout_s, exchange=not self._private)
+        stats = boundary.gather_stats(stats, self.timeout_s, exchange=not self._private)
         self._metadata_handler.report(action_name, stats)
 
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
@@ -587,74 +587,11 @@ def _text(err: BaseException | None) -> str | None:
     return f"{type(cause).__name__}: {cause}"
 
 
-def _host_local_mismatch(posts: list[dict[str, Any]]) -> str | None:
-    """Describes the first host-local leaf whose kind, shape or dtype differs between processes."""
-    for process, post in enumerate(posts[1:], start=1):
-        for name in sorted(set(posts[0]["host_local"]) | set(post["host_local"])):
-            here, there = posts[0]["host_local"].get(name), post["host_local"].get(name)
-            if here != there:
-                return (
-                    f"host-local leaf {name!r} differs between processes: {here} on process 0, "
-                    f"{there} on process {process}; every process must hold host-local leaves "
-                    "of the same shape and dtype"
-                )
-    return None
-
-
 def _remove(path: str) -> None:
     try:
         shutil.rmtree(path)
     except OSError as err:
         logger.warning("could not remove the superseded checkpoint %s: %s", path, err)
-
-
-def gather_stats(
-    stats: dict[str, Any], timeout_s: float, *, exchange: bool = True
-) -> dict[str, Any]:
-    """Every process's stats of the last action, per checkpoint directory.
-
-    Each entry gets ``hosts`` (each process's ``duration_s``, ``bytes`` and
-    ``error``), ``slowest_process`` (the one that dominated), the longest
-    ``duration_s``, the total ``bytes`` and every process's errors. A
-    directory a process did not touch has no entry of that process. With
-    ``exchange=False`` only this process's stats are used.
-    """
-    mine = {"stats": stats, "process": jax.process_index()}
-    posts = (
-        hosts.exchange("the checkpoint stats", mine, timeout_s=timeout_s) if exchange else [mine]
-    )
-    merged: dict[str, Any] = {}
-    for db in sorted({db for post in posts for db in post["stats"]}):
-        per = [
-            {"process": post["process"], **post["stats"][db]}
-            for post in posts
-            if db in post["stats"]
-        ]
-        durations = [h.get("duration_s") or 0.0 for h in per]
-        errors = [f"process {h['process']}: {h['error']}" for h in per if h.get("error")]
-        merged[db] = {
-            **stats.get(db, {k: v for k, v in per[0].items() if k != "process"}),
-            "duration_s": max(durations),
-            "bytes": sum(h.get("bytes") or 0 for h in per),
-            "error": "; ".join(errors) or None,
-            "slowest_process": per[max(range(len(per)), key=durations.__getitem__)]["process"],
-            "hosts": per,
-        }
-    return merged
-
-
-def _replicated_mismatch(posts: list[dict[str, Any]]) -> str | None:
-    """Names the first single-process ``jax.Array`` whose value differs between processes."""
-    for process, post in enumerate(posts[1:], start=1):
-        for where, digest in sorted(posts[0]["replicated"].items()):
-            if post["replicated"].get(where) != digest:
-                return (
-                    f"workspace leaf {where} is a jax.Array on one device of each process, and "
-                    f"its value on process {process} differs from process 0's; make it a global "
-                    "array (shard or replicate it over a mesh of all processes' devices) or, "
-                    "to keep a copy per process, a NumPy array"
-                )
-    return None
 
 
 def _move_aside(path: str) -> str | None:

@@ -9,12 +9,12 @@ from typing import Any
 import jax
 
 from jaxjob import hosts
+from jaxjob.boundary import gather_stats
 from jaxjob.checkpoint import (
     DEFAULT_WRITE_TIMEOUT_S,
     CheckpointManager,
     CheckpointSaveError,
     _check_db_type,
-    gather_stats,
 )
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import db_name

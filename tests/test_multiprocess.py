@@ -112,3 +112,57 @@ def test_each_process_saves_its_own_node(tmp_path):
     assert gathered["restored_w"] == [15.0] * 3  # jaxjob.restore of process 1's node, on process 0
     names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert names == [f"trainer_{i}.{e}" for i in (0, 1) for e in range(4)]
+
+
+DISAGREE = textwrap.dedent(
+    """
+    import json, sys
+    import jaxjob
+    jaxjob.distributed.initialize()
+    import jax, jax.numpy as jnp, numpy as np
+
+    me = jax.process_index()
+    ckpt = jaxjob.CheckpointManager(sys.argv[1], timeout_s=30)
+    errors = []
+    for epoch, ws in enumerate([
+        {"cursor": np.zeros(2 + me)},  # host-local leaves of different shapes
+        {"c": jnp.asarray(float(me))},  # one-device jax.Arrays holding different values
+    ]):
+        try:
+            ckpt.save(epoch, ws)
+            errors.append(None)
+        except ValueError as err:
+            errors.append(str(err))
+    ckpt.save(2, {"c": jnp.asarray(1.0), "cursor": np.zeros(2)})
+    ckpt.wait_until_finished()
+    result = {"process": me, "errors": errors, "committed": ckpt.committed_epochs()}
+    print("RESULT", json.dumps(result))
+    """
+)
+
+
+def test_processes_disagreeing_on_a_leaf_fail_the_save_on_every_process(tmp_path):
+    """Host-local leaves must match in shape, one-device jax.Arrays in value: else all raise."""
+    (tmp_path / "disagree.py").write_text(DISAGREE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
+        + [str(tmp_path / "disagree.py"), str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = [
+        json.loads(line.split("RESULT ")[1])
+        for line in proc.stdout.splitlines()
+        if "RESULT" in line
+    ]
+    assert len(results) == 2
+    for result in results:
+        shapes, values = result["errors"]
+        assert "host-local leaf 'cursor' differs between processes" in shapes
+        assert "'shape': [2]} on process 0, {'kind': 'numpy', 'dtype': 'float64'" in shapes
+        assert "'shape': [3]} on process 1" in shapes
+        assert "workspace leaf ['c'] is a jax.Array on one device of each process" in values
+        assert "its value on process 1 differs from process 0's" in values
+        assert result["committed"] == [2]  # the failed saves left nothing behind
