@@ -15,27 +15,14 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import jaxjob  # noqa: E402
 
 jaxjob.distributed.initialize()
 
-import digits  # noqa: E402
 import jax  # noqa: E402
-
-
-def epoch_times(num_epochs, ckpt_dir):
-    train, test = digits.load_data()
-    job = digits.build_job(train, test, num_epochs)
-    stamps = []
-    job.epoch_group.add(
-        lambda ws: stamps.append(jax.block_until_ready(ws["params"]) and time.perf_counter()),
-        jit=False,
-    )
-    ckpt = jaxjob.CheckpointManager(ckpt_dir) if ckpt_dir else None
-    jaxjob.JobRunner(job, ckpt).train(jaxjob.Session())
-    return [b - a for a, b in zip(stamps[1:], stamps[2:], strict=False)]  # skip compilation
+from checkpoint_overhead import epoch_times  # noqa: E402
 
 
 def exchange_times(count):
