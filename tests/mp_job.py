@@ -62,7 +62,11 @@ def train(ws):
     return {"w": optax.apply_updates(ws["w"], updates), "opt": opt, "rng": rng, "loss": loss}
 
 
+LAST_EPOCH_END = [time.monotonic()]
+
+
 def advance(ws):
+    LAST_EPOCH_END[0] = time.monotonic()
     if at("kill", ws["seen"]):
         os.kill(os.getpid(), signal.SIGKILL)
     if at("hang", ws["seen"]):
@@ -121,7 +125,8 @@ def main() -> int:
         jaxjob.hosts.exchange("the error printout", {}, timeout_s=30)
         os._exit(3)  # skip jax.distributed's exit barrier: the launcher stops the others
     except jaxjob.HostTimeoutError as err:
-        print("TIMEOUT", err.missing, err, flush=True)
+        waited = time.monotonic() - LAST_EPOCH_END[0]  # since this process ended its epoch
+        print("TIMEOUT", err.missing, f"{waited:.2f}", err, flush=True)
         os._exit(4)
     ws = session.workspace
     saves = [h for h in ckpt.metadata_handler.history if h["action"] == "checkpoint_save"]

@@ -132,6 +132,8 @@ def test_peer_that_never_arrives_times_out_naming_it(tmp_path):
     timeouts = [line for line in output.splitlines() if "[process=0] TIMEOUT" in line]
     assert len(timeouts) == 1, output[-4000:]
     assert "TIMEOUT [1] " in timeouts[0]
+    waited = float(timeouts[0].split("TIMEOUT [1] ")[1].split()[0])
+    assert 5.0 <= waited < 8.0  # timeout_s after it reached the wait, plus the epoch's bookkeeping
     assert (
         "timed out after 5 s waiting for processes [1] of 2 at the stop conditions of epoch 2"
         in timeouts[0]
