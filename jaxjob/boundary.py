@@ -8,7 +8,18 @@ import jax
 
 from jaxjob import hosts
 
-__all__ = ["gather_stats", "mismatch"]
+__all__ = ["failures", "gather_stats", "mismatch"]
+
+
+def failures(posts: list[dict[str, Any]], key: str) -> tuple[list[int], str]:
+    """The processes whose post has a message under ``key``, and those messages joined.
+
+    Example:
+        >>> failures([{"error": None}, {"error": "OSError: disk full"}], "error")
+        ([1], 'process 1: OSError: disk full')
+    """
+    processes = [p for p, post in enumerate(posts) if post[key]]
+    return processes, "; ".join(f"process {p}: {posts[p][key]}" for p in processes)
 
 
 def mismatch(posts: list[dict[str, Any]]) -> str | None:

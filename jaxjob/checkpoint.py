@@ -59,6 +59,19 @@ def _seconds(value: Any, argument: str) -> float:
     return float(value)
 
 
+def _check_owner(owner_process: Any) -> int | None:
+    if owner_process is not None and (
+        isinstance(owner_process, bool)
+        or not isinstance(owner_process, int)
+        or not 0 <= owner_process < jax.process_count()
+    ):
+        raise ValueError(
+            f"owner_process must be None or a process index in [0, {jax.process_count()}), "
+            f"got {owner_process!r}"
+        )
+    return owner_process
+
+
 def _check_db_type(db_type: str, argument: str) -> str:
     if db_type not in DB_TYPES:
         raise ValueError(f"{argument} must be one of {DB_TYPES}, got {db_type!r}")
@@ -144,16 +157,7 @@ class CheckpointManager:
     ) -> None:
         if not isinstance(db_prefix, str | os.PathLike) or not str(db_prefix):
             raise TypeError(f"db_prefix must be a non-empty path, got {db_prefix!r}")
-        if owner_process is not None and (
-            isinstance(owner_process, bool)
-            or not isinstance(owner_process, int)
-            or not 0 <= owner_process < jax.process_count()
-        ):
-            raise ValueError(
-                f"owner_process must be None or a process index in [0, {jax.process_count()}), "
-                f"got {owner_process!r}"
-            )
-        self.owner_process = owner_process
+        self.owner_process = _check_owner(owner_process)
         self._private = owner_process is not None
         self.timeout_s = _seconds(timeout_s, "timeout_s")
         self.write_timeout_s = _seconds(write_timeout_s, "write_timeout_s")
@@ -343,7 +347,7 @@ class CheckpointManager:
         previous = self._finish_pending()
         workspace, outputs = Workspace(workspace), Workspace(outputs or {})
         path = db_name(epoch, self._node_name, self._db_prefix)
-        pending, manifest, problem, digests = None, None, None, {}
+        manifest, problem, digests, superseded = None, None, {}, None
         start = time.perf_counter()
         try:
             manifest = _manifest(epoch, self._node_name, workspace, outputs, self.owner_process)
@@ -353,9 +357,10 @@ class CheckpointManager:
             digests.update(output_digests)
             _prepare_prefix(self._db_prefix)
             if jax.process_index() == (self.owner_process or 0):
-                pending = _Pending(epoch, path, start, superseded=_move_aside(path))
+                superseded = _move_aside(path)
         except Exception as err:
             problem = err
+        pending = _Pending(epoch, path, start, superseded=superseded)
         previous, problem = self._agree(
             epoch, path, previous, problem, manifest, digests, started=started
         )
@@ -378,7 +383,8 @@ class CheckpointManager:
             The previous save's failure on any process and this save's
             problem on any process (each naming those processes), or None.
         """
-        local = {k: v for k, v in (manifest or {}).get("leaves", {}).items() if "shape" in v}
+        leaves = (manifest or {}).get("leaves", {})
+        local = {k: v for k, v in leaves.items() if v["kind"] in storage.HOST_LOCAL_KINDS}
         mine = {
             "previous": _text(previous),
             "previous_at": [previous.epoch, previous.db_name] if previous else None,
@@ -394,16 +400,14 @@ class CheckpointManager:
             timeout_s += max(0.0, started + self.write_timeout_s - time.perf_counter())
         posts = [mine] if self._private else hosts.exchange(what, mine, timeout_s=timeout_s)
         me = [0] if self._private else [jax.process_index()]
-        failed = [p for p, post in enumerate(posts) if post["previous"]]
+        failed, text = boundary.failures(posts, "previous")
         if failed and failed != me:
             at = posts[failed[0]]["previous_at"]
-            text = "; ".join(f"process {p}: {posts[p]['previous']}" for p in failed)
             previous = self._record_failure(at[0], at[1], text, failed, count=previous is None)
-        problems = [p for p, post in enumerate(posts) if post["problem"]]
+        problems, text = boundary.failures(posts, "problem")
         if problems == me:
             return previous, problem
         if problems:
-            text = "; ".join(f"process {p}: {posts[p]['problem']}" for p in problems)
             return previous, CheckpointSaveError(epoch, path, text, problems)
         disagreement = boundary.mismatch(posts)
         return previous, (ValueError(disagreement) if disagreement else None)
@@ -419,7 +423,6 @@ class CheckpointManager:
         """Starts the Orbax save on every process; returns its failure, if any."""
         self._current_db_name = path
         self._current_stats = {"epoch": epoch, "bytes": storage.nbytes(workspace), "error": None}
-        pending = pending or _Pending(epoch, path, time.perf_counter())
         try:
             args = storage.save_args(workspace, outputs, manifest)
             logger.info("Saving epoch %d to %s", epoch, path)

@@ -8,13 +8,14 @@ from typing import Any
 
 import jax
 
-from jaxjob import hosts
-from jaxjob.boundary import gather_stats
+from jaxjob import boundary, hosts
 from jaxjob.checkpoint import (
     DEFAULT_WRITE_TIMEOUT_S,
     CheckpointManager,
     CheckpointSaveError,
     _check_db_type,
+    _check_owner,
+    _seconds,
 )
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import db_name
@@ -83,10 +84,10 @@ class MultiNodeCheckpointManager:
             "write_timeout_s": write_timeout_s,
             "host_map": host_map,
         }
-        for owner in self._node_processes.values():  # validates the options
-            CheckpointManager(db_prefix, **self._options, owner_process=owner)
-        CheckpointManager(db_prefix, **self._options)
-        self.timeout_s = float(timeout_s)
+        for owner in self._node_processes.values():
+            _check_owner(owner)
+        self.timeout_s = _seconds(timeout_s, "timeout_s")
+        _seconds(write_timeout_s, "write_timeout_s")
         self._db_prefix = str(db_prefix)
         self._db_type = db_type
         self._metadata_handler = metadata_handler or DiskMetadataHandler()
@@ -271,10 +272,9 @@ class MultiNodeCheckpointManager:
             "epoch": failure.epoch if failure else None,
         }
         posts = hosts.exchange(what, post, timeout_s=self.timeout_s)
-        failed = [p for p, x in enumerate(posts) if x["error"]]
+        failed, text = boundary.failures(posts, "error")
         if not failed or failed == [jax.process_index()]:
             return failure
-        text = "; ".join(f"process {p}: {posts[p]['error']}" for p in failed)
         at = posts[failed[0]]
         return CheckpointSaveError(at["epoch"], self._db_prefix, text, failed)
 
@@ -370,7 +370,7 @@ class MultiNodeCheckpointManager:
         """
         stats: dict[str, Any] = {}
         self.collect_checkpoint_stats(stats)
-        self._metadata_handler.report(action_name, gather_stats(stats, self.timeout_s))
+        self._metadata_handler.report(action_name, boundary.gather_stats(stats, self.timeout_s))
 
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
         """The epoch to resume from (``user_epoch`` wins), or None for a fresh start."""
