@@ -18,6 +18,7 @@ import numpy as np
 
 __all__ = [
     "HostMap",
+    "as_saved",
     "decode",
     "dtype_of",
     "encode",
@@ -28,6 +29,7 @@ __all__ = [
 
 HostMap = Callable[[int], int] | Sequence[int]
 _AXIS = "jaxjob_hosts"
+KINDS = ("numpy", "numpy_scalar", "python")  # the manifest kinds of host-local leaves
 
 
 def host_sharding(spec: Any = _AXIS) -> jax.sharding.NamedSharding:
@@ -125,7 +127,11 @@ def decode(array: jax.Array, kind: Mapping[str, Any], row: int | None) -> Any:
         data = np.asarray(array)[row]
     dtype, shape = dtype_of(kind), tuple(kind["shape"])
     count = int(np.prod(shape, dtype=np.int64))
-    value = data[: count * dtype.itemsize].view(dtype).reshape(shape).copy()
+    return as_saved(data[: count * dtype.itemsize].view(dtype).reshape(shape).copy(), kind)
+
+
+def as_saved(value: np.ndarray, kind: Mapping[str, Any]) -> Any:
+    """A host-local leaf's array (of :func:`dtype_of` its kind) back as the saved type."""
     if kind["kind"] == "numpy_scalar":
         return value[()]
     if kind["kind"] == "python":

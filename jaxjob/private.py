@@ -86,12 +86,8 @@ def to_host(leaf: Any, kind: Mapping[str, Any]) -> np.ndarray:
 
 def from_host(value: np.ndarray, kind: Mapping[str, Any], sharding: Any) -> Any:
     """The saved leaf back with its own type; ``jax.Array`` s go to ``sharding``."""
-    if kind["kind"] == "numpy_scalar":
-        return np.dtype(kind["dtype"]).type(value)
-    if kind["kind"] == "python":
-        return {"bool": bool, "int": int, "float": float}[kind["dtype"]](value.item())
-    if kind["kind"] == "numpy":
-        return np.asarray(value)
+    if kind["kind"] in hostlocal.KINDS:
+        return hostlocal.as_saved(np.asarray(value), kind)
     array = jax.device_put(value, sharding)
     if kind["kind"] == "prng_key":
         return jax.random.wrap_key_data(array, impl=kind["impl"])

@@ -53,7 +53,7 @@ __all__ = [
 FORMAT = 2
 STATE_ITEM = "state"
 OUTPUTS_ITEM = "outputs"
-HOST_LOCAL_KINDS = ("numpy", "numpy_scalar", "python")
+HOST_LOCAL_KINDS = hostlocal.KINDS
 
 
 def _token(key: Any) -> str:
