@@ -1,14 +1,17 @@
 """jaxjob: epoch-level, fault-tolerant training jobs on JAX with Orbax checkpoints."""
 
+import importlib.metadata
+
 from jaxjob import distributed as distributed
 from jaxjob import hosts as hosts
 from jaxjob.checkpoint import CheckpointManager as CheckpointManager
-from jaxjob.checkpoint import CheckpointSaveError as CheckpointSaveError
+from jaxjob.errors import CheckpointSaveError as CheckpointSaveError
 from jaxjob.hosts import HostTimeoutError as HostTimeoutError
 from jaxjob.job import Job as Job
 from jaxjob.job import epoch_limiter as epoch_limiter
 from jaxjob.layout import db_name as db_name
 from jaxjob.layout import get_ckpt_filename as get_ckpt_filename
+from jaxjob.manager import CheckpointOptions as CheckpointOptions
 from jaxjob.metadata import DiskMetadataHandler as DiskMetadataHandler
 from jaxjob.metadata import MetadataHandler as MetadataHandler
 from jaxjob.multinode import MultiNodeCheckpointManager as MultiNodeCheckpointManager
@@ -21,4 +24,4 @@ from jaxjob.task import TaskGroup as TaskGroup
 from jaxjob.upload import UploadTaskGroupBuilder as UploadTaskGroupBuilder
 from jaxjob.workspace import Workspace as Workspace
 
-__version__ = "0.1.0"
+__version__ = importlib.metadata.version("jaxjob")

@@ -39,7 +39,7 @@ def _host_local_mismatch(posts: list[dict[str, Any]]) -> str | None:
             here, there = posts[0]["host_local"].get(name), post["host_local"].get(name)
             if here != there:
                 return (
-                    f"host-local leaf {name!r} differs between processes: {here} on process 0, "
+                    f"host-local leaf {name} differs between processes: {here} on process 0, "
                     f"{there} on process {process}; every process must hold host-local leaves "
                     "of the same shape and dtype"
                 )

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
-import shutil
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -13,35 +10,24 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob import boundary, hosts, private, storage
+from jaxjob import boundary, fs, hosts, manifest, orbax_adapter, storage
+from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
-from jaxjob.layout import committed_epochs, db_name, is_committed
-from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
+from jaxjob.layout import db_name, is_committed
+from jaxjob.log import get_logger
+from jaxjob.manager import (
+    DEFAULT_WRITE_TIMEOUT_S,
+    CheckpointOptions,
+    ManagerCore,
+    check_db_type,
+    check_owner,
+)
+from jaxjob.metadata import MetadataHandler
 from jaxjob.workspace import Workspace
 
-__all__ = ["CheckpointManager", "CheckpointSaveError"]
+__all__ = ["CheckpointManager"]
 
-logger = logging.getLogger(__name__)
-DB_TYPES = ("orbax",)
-DEFAULT_WRITE_TIMEOUT_S = 600.0
-
-
-class CheckpointSaveError(RuntimeError):
-    """A checkpoint save failed; ``epoch``, ``db_name`` and ``processes`` say which one, where.
-
-    ``processes`` lists the processes on which it failed (``[0]`` for a
-    single process); every process of the job raises or logs the same error.
-    """
-
-    def __init__(
-        self, epoch: int, db: str, cause: BaseException | str, processes: list[int] | None = None
-    ) -> None:
-        self.processes = [jax.process_index()] if processes is None else list(processes)
-        what = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
-        where = f" on processes {self.processes}" if jax.process_count() > 1 else ""
-        super().__init__(f"saving checkpoint epoch {epoch} to {db!r} failed{where}: {what}")
-        self.epoch = epoch
-        self.db_name = db
+logger = get_logger(__name__)
 
 
 @dataclasses.dataclass
@@ -49,39 +35,13 @@ class _Pending:
     epoch: int
     db: str
     started: float
-    write_metadata: bool = False
     superseded: str | None = None
-
-
-def _seconds(value: Any, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{argument} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _check_owner(owner_process: Any) -> int | None:
-    if owner_process is not None and (
-        isinstance(owner_process, bool)
-        or not isinstance(owner_process, int)
-        or not 0 <= owner_process < jax.process_count()
-    ):
-        raise ValueError(
-            f"owner_process must be None or a process index in [0, {jax.process_count()}), "
-            f"got {owner_process!r}"
-        )
-    return owner_process
-
-
-def _check_db_type(db_type: str, argument: str) -> str:
-    if db_type not in DB_TYPES:
-        raise ValueError(f"{argument} must be one of {DB_TYPES}, got {db_type!r}")
-    return db_type
 
 
 def _prepare_prefix(db_prefix: str) -> None:
     """Creates ``db_prefix``, raising the OSError's own type with an actionable message."""
     try:
-        os.makedirs(db_prefix, exist_ok=True)
+        fs.makedirs(db_prefix)
     except OSError as err:
         raise type(err)(
             f"checkpoint db_prefix {db_prefix!r} is not a writable directory "
@@ -89,7 +49,7 @@ def _prepare_prefix(db_prefix: str) -> None:
         ) from err
 
 
-class CheckpointManager:
+class CheckpointManager(ManagerCore):
     """Saves and loads a node's persistent workspace on every epoch boundary.
 
     Each epoch goes to ``<db_prefix>/<node_name>.<epoch>/`` through Orbax. A save
@@ -100,7 +60,8 @@ class CheckpointManager:
     :meth:`save` (after that save has started) or by :meth:`wait_until_finished`.
 
     Args:
-        db_prefix: Directory holding the checkpoints.
+        db_prefix: Directory holding the checkpoints: a local path (``~`` is
+            expanded), ``gs://bucket/prefix`` or ``s3://bucket/prefix``.
         node_name: The node whose checkpoints this manager writes.
         db_type: Storage type; only ``"orbax"``.
         metadata_handler: Decides the resume epoch and receives stats; by
@@ -155,22 +116,21 @@ class CheckpointManager:
         host_map: HostMap | None = None,
         owner_process: int | None = None,
     ) -> None:
-        if not isinstance(db_prefix, str | os.PathLike) or not str(db_prefix):
-            raise TypeError(f"db_prefix must be a non-empty path, got {db_prefix!r}")
-        self.owner_process = _check_owner(owner_process)
+        options = CheckpointOptions(
+            async_save=async_save,
+            timeout_s=timeout_s,
+            write_timeout_s=write_timeout_s,
+            host_map=host_map,
+        )
+        super().__init__(db_prefix, db_type, metadata_handler, options)
+        self.owner_process = check_owner(owner_process)
         self._private = owner_process is not None
-        self.timeout_s = _seconds(timeout_s, "timeout_s")
-        self.write_timeout_s = _seconds(write_timeout_s, "write_timeout_s")
-        self.host_map = host_map
-        self._db_prefix = os.fspath(db_prefix)
+        self._exchange_stats = not self._private
         self._node_name = str(node_name)
-        self._db_type = _check_db_type(db_type, "db_type")
-        self._metadata_handler = metadata_handler or DiskMetadataHandler()
-        self._async_save = async_save
-        self._checkpointer: ocp.AsyncCheckpointer | None = None
+        self._saver: ocp.Checkpointer | None = None
+        self._reader: ocp.Checkpointer | None = None
+        self._manifests: dict[str, manifest.Manifest] = {}
         self._blob_names: list[str] | None = None
-        self._path_prefix: str | None = None
-        self._path_type: str | None = None
         self._pending: _Pending | None = None
         self._current_db_name: str | None = None
         self._current_stats: dict[str, Any] | None = None
@@ -184,18 +144,17 @@ class CheckpointManager:
         """``[(node_name, self)]``: the same shape as a multi-node manager's."""
         return [(self._node_name, self)]
 
-    @property
-    def metadata_handler(self) -> MetadataHandler:
-        """The handler deciding resume epochs and receiving stats."""
-        return self._metadata_handler
+    def node_names(self) -> list[str]:
+        """``[node_name]``."""
+        return [self._node_name]
+
+    def has_pending(self) -> bool:
+        """Whether a save of this process is in flight."""
+        return self._pending is not None
 
     def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
         """Checkpoint directory of ``node_name`` at ``epoch``."""
         return db_name(epoch, node_name, self._db_prefix)
-
-    def committed_epochs(self) -> list[int]:
-        """This node's committed epochs, ascending."""
-        return committed_epochs(self._db_prefix, self._node_name)
 
     def init(
         self,
@@ -217,8 +176,8 @@ class CheckpointManager:
                 "use MultiNodeCheckpointManager for several"
             )
         if retrieve_from_epoch is not None:
-            path = self._existing(retrieve_from_epoch, path_prefix, path_type)
-            self._blob_names = storage.read_manifest(path)["state_keys"]
+            _, found = self._checkpoint(retrieve_from_epoch, path_prefix, path_type)
+            self._blob_names = found.state_keys
 
     def blob_list(self) -> list[str]:
         """Names of the leaves this manager saves and loads.
@@ -234,20 +193,44 @@ class CheckpointManager:
         """Whether this node's checkpoint of ``epoch`` is committed."""
         return is_committed(db_name(epoch, self._node_name, self._db_prefix))
 
-    def _existing(self, epoch: int, path_prefix: str | None = None, path_type: str | None = None):
+    def _checkpoint(
+        self, epoch: int, path_prefix: str | None = None, path_type: str | None = None
+    ) -> tuple[str, manifest.Manifest]:
+        """The committed checkpoint directory of ``epoch`` and its manifest (read once)."""
         if path_type is not None:
-            _check_db_type(path_type, "path_type")
+            check_db_type(path_type, "path_type")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise TypeError(f"epoch must be a non-negative int, got {epoch!r}")
         prefix = path_prefix or self._path_prefix
         path = db_name(epoch, self._node_name, self._db_prefix, prefix)
-        if not is_committed(path):
-            committed = committed_epochs(self._db_prefix, self._node_name, prefix)
-            raise FileNotFoundError(
-                f"no committed checkpoint for node {self._node_name!r} at epoch {epoch} "
-                f"({path!r}); committed epochs: {committed}"
+        if path not in self._manifests:
+            if not is_committed(path):
+                raise FileNotFoundError(
+                    f"no committed checkpoint for node {self._node_name!r} at epoch {epoch} "
+                    f"({path!r}); committed epochs: {self.committed_epochs()}"
+                )
+            self._manifests[path] = manifest.read(path)
+        return path, self._manifests[path]
+
+    def _get_reader(self) -> ocp.Checkpointer:
+        if self._reader is None:
+            handler = storage.composite_handler(self._db_prefix, self._private)
+            self._reader = orbax_adapter.checkpointer(
+                self._db_prefix, handler, private=self._private
             )
-        return path
+        return self._reader
+
+    def _restore(self, path, found, names, *, item=storage.STATE, targets=None, sharding=None):
+        return storage.restore(
+            self._get_reader(),
+            path,
+            found,
+            names,
+            item=item,
+            targets=targets,
+            sharding=sharding,
+            host_map=self.host_map,
+        )
 
     def load(
         self,
@@ -270,52 +253,46 @@ class CheckpointManager:
             FileNotFoundError: If ``epoch`` is not committed (lists those that are).
             ValueError: If a target differs from the checkpoint (names the key path).
         """
-        path = self._existing(epoch, path_prefix, path_type)
-        manifest = storage.read_manifest(path)
-        self._blob_names = list(manifest["state_keys"])
-        return self._timed_load(path, self._blob_names, manifest, targets=targets)
+        path, found = self._checkpoint(epoch, path_prefix, path_type)
+        self._blob_names = found.state_keys
+        return self._timed_load(path, found, self._blob_names, targets=targets)
 
     def saved_shapes(self, epoch: int) -> dict[str, Any]:
         """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""
-        return storage.saved_shapes(self._existing(epoch), private=self._private)
+        return storage.saved_shapes(self._checkpoint(epoch)[1])
 
     def load_outputs(self, epoch: int) -> Workspace:
         """Loads the epoch outputs saved with ``epoch`` for the stop conditions."""
-        path = self._existing(epoch)
-        manifest = storage.read_manifest(path)
-        names = manifest["output_keys"]
-        items = storage.restore_items(
-            path,
-            names,
-            item=storage.OUTPUTS_ITEM,
-            manifest=manifest,
-            host_map=self.host_map,
-            private=self._private,
-        )
-        return Workspace(items)
+        path, found = self._checkpoint(epoch)
+        return Workspace(self._restore(path, found, found.output_keys, item=storage.OUTPUTS))
 
     def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
         """Loads those of ``blob_names`` that this node's checkpoint of ``epoch`` holds."""
-        path = self._existing(epoch)
-        manifest = storage.read_manifest(path)
-        wanted = [n for n in blob_names if n in manifest["state_keys"]]
-        return self._timed_load(path, wanted, manifest)
+        path, found = self._checkpoint(epoch)
+        wanted = [n for n in blob_names if n in found.state]
+        return self._timed_load(path, found, wanted)
 
-    def _timed_load(self, path, names, manifest, *, targets=None, sharding=None) -> Workspace:
+    def load_blobs_locally(
+        self, nodes: Sequence[Any], blob_names: Iterable[str], epoch: int, session: Any
+    ) -> bool:
+        """Loads ``blob_names`` from this node's checkpoint into ``session.workspace``.
+
+        Returns:
+            False, loading nothing, if the checkpoint of ``epoch`` is missing.
+        """
+        if not self.check_db_exists(epoch):
+            return False
+        loaded = self.load_blobs_from_checkpoint(blob_names, epoch)
+        session.workspace = session.workspace.set(loaded)
+        return True
+
+    def _timed_load(self, path, found, names, *, targets=None) -> Workspace:
         self._current_db_name = path
         start = time.perf_counter()
         logger.info("Loading %s from %s", names, path)
-        items = storage.restore_items(
-            path,
-            names,
-            targets=targets,
-            sharding=sharding,
-            manifest=manifest,
-            host_map=self.host_map,
-            private=self._private,
-        )
+        items = self._restore(path, found, names, targets=targets)
         self._current_stats = {
-            "epoch": manifest["epoch"],
+            "epoch": found.epoch,
             "duration_s": time.perf_counter() - start,
             "bytes": storage.nbytes(items),
             "error": None,
@@ -326,9 +303,10 @@ class CheckpointManager:
         """Starts saving ``workspace`` as this node's checkpoint of ``epoch``.
 
         Returns once the device-to-host copy is done (async) or the
-        checkpoint is committed (``async_save=False``). Saving an epoch that
-        is already committed replaces it once the new one is committed. In a
-        multi-process job, call it on every process.
+        checkpoint is committed and on stable storage (``async_save=False``).
+        Saving an epoch that is already committed replaces it once the new
+        one is committed (on object stores, which cannot rename, the old one
+        is deleted first). In a multi-process job, call it on every process.
 
         Args:
             epoch: The epoch, >= 0.
@@ -345,27 +323,30 @@ class CheckpointManager:
         self._check_writer()
         started = self._pending.started if self._pending else None
         previous = self._finish_pending()
-        workspace, outputs = Workspace(workspace), Workspace(outputs or {})
         path = db_name(epoch, self._node_name, self._db_prefix)
-        manifest, problem, digests, superseded = None, None, {}, None
+        found, encoded, problem, digests, superseded = None, None, None, {}, None
         start = time.perf_counter()
         try:
-            manifest = _manifest(epoch, self._node_name, workspace, outputs, self.owner_process)
-            kinds = manifest["leaves"]
-            workspace, digests = storage.encode(workspace, kinds, private=self._private)
-            outputs, output_digests = storage.encode(outputs, kinds, private=self._private)
-            digests.update(output_digests)
+            found, flat = manifest.build(
+                epoch,
+                self._node_name,
+                Workspace(workspace),
+                Workspace(outputs or {}),
+                self.owner_process,
+            )
+            encoded, digests = storage.encode(found, flat, self._private)
             _prepare_prefix(self._db_prefix)
+            self._manifests.pop(path, None)
             if jax.process_index() == (self.owner_process or 0):
                 superseded = _move_aside(path)
         except Exception as err:
             problem = err
         pending = _Pending(epoch, path, start, superseded=superseded)
         previous, problem = self._agree(
-            epoch, path, previous, problem, manifest, digests, started=started
+            epoch, path, previous, problem, found, digests, started=started
         )
         if problem is None:
-            problem = self._start(epoch, path, workspace, outputs, manifest, pending)
+            problem = self._start(epoch, path, encoded, found, pending)
         else:
             _put_back(path, pending)
             self._record_failure(epoch, path, problem)
@@ -376,15 +357,22 @@ class CheckpointManager:
         if previous is not None:
             raise previous
 
-    def _agree(self, epoch, path, previous, problem, manifest, digests=None, *, started=None):
+    @property
+    def _async_save(self) -> bool:
+        return self.options.async_save
+
+    def _agree(self, epoch, path, previous, problem, found=None, digests=None, *, started=None):
         """Shares with every process how the previous save ended and whether this one can start.
 
         Returns:
             The previous save's failure on any process and this save's
             problem on any process (each naming those processes), or None.
         """
-        leaves = (manifest or {}).get("leaves", {})
-        local = {k: v for k, v in leaves.items() if v["kind"] in storage.HOST_LOCAL_KINDS}
+        local = {
+            s.path: {"kind": s.kind, "dtype": s.dtype, "shape": list(s.shape)}
+            for s in (found.leaves.values() if found else ())
+            if s.host_local
+        }
         mine = {
             "previous": _text(previous),
             "previous_at": [previous.epoch, previous.db_name] if previous else None,
@@ -397,7 +385,7 @@ class CheckpointManager:
             what = f"the end of the saves of node {self._node_name!r}"
         timeout_s = self.timeout_s
         if started is not None:  # others may still wait, up to write_timeout_s, for that write
-            timeout_s += max(0.0, started + self.write_timeout_s - time.perf_counter())
+            timeout_s += max(0.0, started + self.options.write_timeout_s - time.perf_counter())
         posts = [mine] if self._private else hosts.exchange(what, mine, timeout_s=timeout_s)
         me = [0] if self._private else [jax.process_index()]
         failed, text = boundary.failures(posts, "previous")
@@ -419,40 +407,30 @@ class CheckpointManager:
                 f"(owner_process), but save was called on process {jax.process_index()}"
             )
 
-    def _start(self, epoch, path, workspace, outputs, manifest, pending):
+    def _start(self, epoch, path, encoded, found, pending):
         """Starts the Orbax save on every process; returns its failure, if any."""
         self._current_db_name = path
-        self._current_stats = {"epoch": epoch, "bytes": storage.nbytes(workspace), "error": None}
+        self._current_stats = {"epoch": epoch, "bytes": storage.nbytes(encoded), "error": None}
         try:
-            args = storage.save_args(workspace, outputs, manifest)
+            args = storage.save_args(encoded, found)
             logger.info("Saving epoch %d to %s", epoch, path)
-            self._get_checkpointer().save(os.path.abspath(path), args=args)
+            self._get_saver().save(path, args=args)
         except Exception as err:
             _put_back(path, pending)
             return self._record_failure(epoch, path, err)
         self._pending = pending
-        self._blob_names = list(workspace)
+        self._blob_names = found.state_keys
         self._current_stats["duration_s"] = time.perf_counter() - pending.started
         return None
 
-    def _get_checkpointer(self):
-        if self._checkpointer is None:
-            handler = storage.composite_handler(self._private)
-            kwargs = {}
-            if self._private and jax.process_count() > 1:
-                kwargs["multiprocessing_options"] = private.options()
-            if self._async_save:
-                options = ocp.AsyncOptions(
-                    timeout_secs=max(1, round(self.write_timeout_s)),
-                    # Orbax keys the signals of asynchronous directory creation by a
-                    # per-process counter in the job-wide key-value store: the private
-                    # saves of two processes would collide.
-                    create_directories_asynchronously=not kwargs,
-                )
-                self._checkpointer = ocp.AsyncCheckpointer(handler, async_options=options, **kwargs)
-            else:
-                self._checkpointer = ocp.Checkpointer(handler, **kwargs)
-        return self._checkpointer
+    def _get_saver(self) -> ocp.Checkpointer:
+        if self._saver is None:
+            handler = storage.composite_handler(self._db_prefix, self._private)
+            timeout = self.options.write_timeout_s if self._async_save else None
+            self._saver = orbax_adapter.checkpointer(
+                self._db_prefix, handler, private=self._private, async_timeout_s=timeout
+            )
+        return self._saver
 
     def _record_failure(
         self,
@@ -482,18 +460,27 @@ class CheckpointManager:
         if pending is None:
             return None
         try:
-            if isinstance(self._checkpointer, ocp.AsyncCheckpointer):
-                self._checkpointer.wait_until_finished()
+            if isinstance(self._saver, ocp.AsyncCheckpointer):
+                self._saver.wait_until_finished()
         except Exception as err:
             _put_back(pending.db, pending)
+            self._flush_metadata(committed=False)
             return self._record_failure(pending.epoch, pending.db, err)
         if pending.superseded:
             _remove(pending.superseded)
         if self._current_db_name == pending.db and self._current_stats is not None:
             self._current_stats["commit_s"] = time.perf_counter() - pending.started
-        if pending.write_metadata:
-            self._metadata_handler.write(epoch=pending.epoch)
+        self._flush_metadata(committed=True)
         return None
+
+    def finish_local(self) -> list[CheckpointSaveError]:
+        """Completes this process's save in flight, without waiting on other processes.
+
+        Returns:
+            Its failure, if it failed (recorded, not raised).
+        """
+        failure = self._finish_pending()
+        return [failure] if failure is not None else []
 
     def wait_until_finished(self) -> None:
         """Blocks until the save in flight is committed; call it on every process.
@@ -505,25 +492,15 @@ class CheckpointManager:
         started = self._pending.started if self._pending else None
         failure = self._finish_pending()
         if jax.process_count() > 1 and not self._private:
-            failure, _ = self._agree(None, None, failure, None, None, started=started)
+            failure, _ = self._agree(None, None, failure, None, started=started)
         if failure is not None:
             raise failure
 
-    def close(self) -> None:
-        """Waits for pending saves and releases Orbax's resources."""
-        try:
-            self.wait_until_finished()
-        finally:
-            if self._checkpointer is not None:
-                self._checkpointer.close()
-                self._checkpointer = None
-
-    def write_checkpoint_metadata(self, epoch: int) -> None:
-        """Tells the metadata handler that ``epoch`` is saved, once it is committed."""
-        if self._pending is not None and self._pending.epoch == epoch:
-            self._pending.write_metadata = True
-        else:
-            self._metadata_handler.write(epoch=epoch)
+    def _close_orbax(self) -> None:
+        for checkpointer in (self._saver, self._reader):
+            if checkpointer is not None:
+                checkpointer.close()
+        self._saver = self._reader = None
 
     def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
         """Adds the last action's stats to ``stats``, keyed by checkpoint directory."""
@@ -531,56 +508,6 @@ class CheckpointManager:
             stats[self._current_db_name] = dict(self._current_stats)
         else:
             logger.info("No checkpoint stats to collect for %s", self._node_name)
-
-    def report_checkpoint_stats(self, action_name: str) -> None:
-        """Sends every process's stats of the last action to the metadata handler.
-
-        Call it on every process; see :func:`jaxjob.boundary.gather_stats` for the entries.
-        """
-        stats: dict[str, Any] = {}
-        self.collect_checkpoint_stats(stats)
-        stats = boundary.gather_stats(stats, self.timeout_s, exchange=not self._private)
-        self._metadata_handler.report(action_name, stats)
-
-    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
-        """The epoch to resume from (``user_epoch`` wins), or None for a fresh start."""
-        return self._metadata_handler.last_epoch(user_epoch=user_epoch)
-
-    def set_params(
-        self, nodes: Sequence[str], path_prefix: str | None = None, path_type: str | None = None
-    ) -> None:
-        """Passes the checkpoint location and this node to the metadata handler."""
-        if path_prefix:
-            self._path_prefix = path_prefix
-        if path_type:
-            self._path_type = _check_db_type(path_type, "path_type")
-        self._metadata_handler.set_params(
-            db_prefix=self._db_prefix,
-            db_type=self._db_type,
-            node_names=[self._node_name],
-            path_prefix=self._path_prefix,
-            path_type=self._path_type,
-        )
-
-    def cp_accessible(self, epoch: int | None = None) -> bool:
-        """Asks the metadata handler whether checkpoints (of ``epoch``) are accessible."""
-        return self._metadata_handler.cp_accessible(epoch)
-
-
-def _manifest(
-    epoch: int, node: str, state: Workspace, outputs: Workspace, owner: int | None
-) -> dict[str, Any]:
-    return {
-        "owner_process": owner,
-        "format": storage.FORMAT,
-        "epoch": epoch,
-        "node": node,
-        "state_keys": list(state),
-        "output_keys": list(outputs),
-        "leaves": {**storage.describe(state), **storage.describe(outputs)},
-        "process_count": jax.process_count(),
-        "time": time.time(),
-    }
 
 
 def _text(err: BaseException | None) -> str | None:
@@ -592,21 +519,36 @@ def _text(err: BaseException | None) -> str | None:
 
 def _remove(path: str) -> None:
     try:
-        shutil.rmtree(path)
+        fs.rmtree(path)
     except OSError as err:
         logger.warning("could not remove the superseded checkpoint %s: %s", path, err)
 
 
 def _move_aside(path: str) -> str | None:
-    """Renames a committed ``path`` out of the way of a new save; returns where it went."""
-    if not os.path.exists(path):
+    """Moves whatever is at ``path`` out of the way of a new save; returns where it went.
+
+    A committed checkpoint is renamed aside on local disk (put back if the new
+    save fails, deleted once it commits); on object stores, which cannot
+    rename, it is deleted. Anything else at ``path`` is not a checkpoint
+    (an interrupted commit-file save): it is deleted.
+    """
+    if not fs.exists(path):
         return None
-    aside = f"{path}.superseded-{time.time_ns()}"
-    os.rename(path, aside)
-    return aside
+    if is_committed(path) and not fs.is_remote(path):
+        aside = f"{path}.superseded-{time.time_ns()}"
+        fs.rename(path, aside)
+        return aside
+    if is_committed(path):
+        logger.warning(
+            "Replacing the committed checkpoint %s: object stores cannot rename, "
+            "so the old one is deleted before the new one is written",
+            path,
+        )
+    fs.rmtree(path)
+    return None
 
 
 def _put_back(path: str, pending: _Pending | None) -> None:
     """After a failed save, returns the epoch it was replacing to its place."""
-    if pending is not None and pending.superseded and not os.path.exists(path):
-        os.rename(pending.superseded, path)
+    if pending is not None and pending.superseded and not fs.exists(path):
+        fs.rename(pending.superseded, path)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 import jax
 
+from jaxjob.log import get_logger
+
 __all__ = ["initialize"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 ENV_COORDINATOR = "JAXJOB_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXJOB_NUM_PROCESSES"
@@ -58,8 +59,4 @@ def initialize() -> None:
         jax.distributed.initialize()
     else:
         return
-    logger.info(
-        "[process=%d] joined a jax.distributed job of %d processes",
-        jax.process_index(),
-        jax.process_count(),
-    )
+    logger.info("joined a jax.distributed job of %d processes", jax.process_count())

@@ -10,11 +10,14 @@ and dtype are in the checkpoint manifest.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
+
+if TYPE_CHECKING:
+    from jaxjob.codec import LeafSpec
 
 __all__ = [
     "HostMap",
@@ -62,22 +65,26 @@ def replicate(leaf: jax.Array) -> tuple[jax.Array, str]:
     return value, digest
 
 
-def _row_width(kind: Mapping[str, Any]) -> int:
-    count = int(np.prod(kind["shape"], dtype=np.int64))
-    return max(1, count * dtype_of(kind).itemsize)
+def _row_width(spec: LeafSpec) -> int:
+    count = int(np.prod(spec.shape, dtype=np.int64))
+    return max(1, count * dtype_of(spec.dtype).itemsize)
 
 
-def dtype_of(kind: Mapping[str, Any]) -> np.dtype:
-    """The NumPy dtype a host-local leaf of ``kind`` is stored as."""
-    return np.dtype(
-        {"bool": np.bool_, "int": np.int64, "float": np.float64}.get(kind["dtype"], kind["dtype"])
-    )
+def dtype_of(dtype: str) -> np.dtype:
+    """The NumPy dtype a host-local leaf of dtype name ``dtype`` is stored as.
+
+    Example:
+        >>> dtype_of("int"), dtype_of("float16")
+        (dtype('int64'), dtype('float16'))
+    """
+    return np.dtype({"bool": np.bool_, "int": np.int64, "float": np.float64}.get(dtype, dtype))
 
 
-def encode(leaf: Any, kind: Mapping[str, Any]) -> jax.Array:
+def encode(leaf: Any, spec: LeafSpec) -> jax.Array:
     """This process's copy of ``leaf`` as its row of the global ``uint8`` array."""
-    data = np.ascontiguousarray(np.asarray(leaf, dtype=dtype_of(kind))).reshape(-1).view(np.uint8)
-    row = np.zeros((1, _row_width(kind)), np.uint8)
+    data = np.asarray(leaf, dtype=dtype_of(spec.dtype))
+    data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    row = np.zeros((1, _row_width(spec)), np.uint8)
     row[0, : data.size] = data
     return jax.make_array_from_process_local_data(
         host_sharding(), row, (jax.process_count(), row.shape[1])
@@ -110,30 +117,30 @@ def row_for_this_process(host_map: HostMap | None, saved_count: int, where: str)
     return int(row)
 
 
-def target(kind: Mapping[str, Any], saved_count: int, row: int | None) -> jax.ShapeDtypeStruct:
+def target(spec: LeafSpec, saved_count: int, row: int | None) -> jax.ShapeDtypeStruct:
     """The restore target: only this process's row, or the whole array when remapping."""
     if row is None:
         sharding = host_sharding()
     else:
         sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return jax.ShapeDtypeStruct((saved_count, _row_width(kind)), np.uint8, sharding=sharding)
+    return jax.ShapeDtypeStruct((saved_count, _row_width(spec)), np.uint8, sharding=sharding)
 
 
-def decode(array: jax.Array, kind: Mapping[str, Any], row: int | None) -> Any:
+def decode(array: jax.Array, spec: LeafSpec, row: int | None) -> Any:
     """The leaf, with its saved type, from the restored ``uint8`` array."""
     if row is None:
         data = np.asarray(array.addressable_shards[0].data)[0]
     else:
         data = np.asarray(array)[row]
-    dtype, shape = dtype_of(kind), tuple(kind["shape"])
+    dtype, shape = dtype_of(spec.dtype), spec.shape
     count = int(np.prod(shape, dtype=np.int64))
-    return as_saved(data[: count * dtype.itemsize].view(dtype).reshape(shape).copy(), kind)
+    return as_saved(data[: count * dtype.itemsize].view(dtype).reshape(shape).copy(), spec)
 
 
-def as_saved(value: np.ndarray, kind: Mapping[str, Any]) -> Any:
-    """A host-local leaf's array (of :func:`dtype_of` its kind) back as the saved type."""
-    if kind["kind"] == "numpy_scalar":
+def as_saved(value: np.ndarray, spec: LeafSpec) -> Any:
+    """A host-local leaf's array (of :func:`dtype_of` its dtype) back as the saved type."""
+    if spec.kind == "numpy_scalar":
         return value[()]
-    if kind["kind"] == "python":
+    if spec.kind == "python":
         return value.item()
     return value

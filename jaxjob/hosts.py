@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
+from jaxjob import orbax_adapter
+from jaxjob.log import get_logger
+
 __all__ = ["DEFAULT_TIMEOUT_S", "HostTimeoutError", "decide", "exchange"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 300.0
 _PREFIX = "jaxjob/exchange"
@@ -43,17 +45,7 @@ class HostTimeoutError(TimeoutError):
 
 
 def _client() -> Any:
-    # The coordination-service client that jax.distributed.initialize() made.
-    # Orbax reaches it the same way (multihost.get_jax_distributed_client).
-    from jax._src import distributed
-
-    client = distributed.global_state.client
-    if client is None:
-        raise RuntimeError(
-            f"jax.process_count() is {jax.process_count()} but jax.distributed is not "
-            "initialized; call jaxjob.distributed.initialize() first"
-        )
-    return client
+    return orbax_adapter.distributed_client()
 
 
 def exchange(what: str, payload: dict[str, Any], *, timeout_s: float) -> list[dict[str, Any]]:

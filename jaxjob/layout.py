@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 
-import orbax.checkpoint as ocp
+from jaxjob import fs
 
-__all__ = ["committed_epochs", "db_name", "get_ckpt_filename", "is_committed"]
+__all__ = ["COMMIT_MARKER", "committed_epochs", "db_name", "get_ckpt_filename", "is_committed"]
 
-MANIFEST_ITEM = "jaxjob"
+COMMIT_MARKER = "commit_success.txt"  # Orbax's; written last, also by jaxjob's durable rename
 
 
 def get_ckpt_filename(node_name: str, epoch: int) -> str:
@@ -36,7 +35,7 @@ def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None 
     """
     if path_prefix:
         return path_prefix + get_ckpt_filename(node_name, epoch)
-    return os.path.join(db_prefix, get_ckpt_filename(node_name, epoch))
+    return fs.join(db_prefix, get_ckpt_filename(node_name, epoch))
 
 
 def committed_epochs(db_prefix: str, node_name: str, path_prefix: str | None = None) -> list[int]:
@@ -45,23 +44,20 @@ def committed_epochs(db_prefix: str, node_name: str, path_prefix: str | None = N
     Temporary directories of saves in flight (or killed) are never listed.
     """
     template = db_name(0, node_name, db_prefix, path_prefix)
-    directory, base = os.path.split(template)
+    directory, _, base = template.rpartition("/")
     pattern = re.compile(re.escape(base[:-1]) + r"(\d+)")
-    try:
-        entries = os.listdir(directory or ".")
-    except (FileNotFoundError, NotADirectoryError):
-        return []
     epochs = []
-    for entry in entries:
+    for entry in fs.listdir(directory or "/"):
         match = pattern.fullmatch(entry)
-        full = os.path.join(directory, entry)
-        if match and is_committed(full):
+        if match and is_committed(fs.join(directory, entry)):
             epochs.append(int(match.group(1)))
     return sorted(epochs)
 
 
 def is_committed(path: str) -> bool:
-    """Whether ``path`` is a jaxjob checkpoint that Orbax has finalized."""
-    return os.path.isdir(os.path.join(path, MANIFEST_ITEM)) and ocp.utils.is_checkpoint_finalized(
-        path
-    )
+    """Whether the checkpoint directory ``path`` is committed (its commit marker exists).
+
+    Orbax writes the marker last: on local disk inside the temporary
+    directory before renaming it to ``path``, on object stores into ``path``.
+    """
+    return fs.exists(fs.join(path, COMMIT_MARKER))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from collections.abc import Sequence
@@ -11,11 +10,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
+from jaxjob import fs
 from jaxjob.layout import committed_epochs
+from jaxjob.log import get_logger
 
 __all__ = ["DiskMetadataHandler", "MetadataHandler"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 METADATA_FILE = "jaxjob_metadata.jsonl"
 
 
@@ -50,9 +51,11 @@ class DiskMetadataHandler:
     """The default handler: auto-resume from the checkpoint directories themselves.
 
     ``last_epoch()`` is the latest epoch committed for every node of the job.
-    ``write(epoch)`` appends a line to ``<db_prefix>/jaxjob_metadata.jsonl``
-    (on process 0). ``report`` keeps every action's stats in ``history`` and
-    logs them; failures are logged as warnings.
+    ``write(epoch)`` adds a line to ``<db_prefix>/jaxjob_metadata.jsonl`` on
+    process 0, by rewriting the file (object stores cannot append): atomically
+    and durably on local disk, as one object upload on object stores. ``report`` keeps
+    every action's stats in ``history`` and logs them; failures are logged as
+    warnings.
 
     Example:
         >>> handler = DiskMetadataHandler()
@@ -98,12 +101,13 @@ class DiskMetadataHandler:
         return epochs[-1] if epochs else None
 
     def write(self, epoch: int) -> None:
-        """Appends a commit record for ``epoch`` to the metadata file."""
+        """Writes a commit record for ``epoch`` (durably, as one file or object)."""
         if self.db_prefix is None or jax.process_index() != 0:
             return
         record = {"event": "commit", "epoch": epoch, "time": time.time()}
-        with open(os.path.join(self.db_prefix, METADATA_FILE), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        path = fs.join(self.db_prefix, METADATA_FILE)
+        lines = fs.read_text(path) if fs.exists(path) else ""
+        fs.write_text(path, lines + json.dumps(record) + "\n")
 
     def cp_accessible(self, epoch: int | None = None) -> bool:
         """With ``epoch``: it is committed for every node. Without: the prefix is writable."""
@@ -122,7 +126,12 @@ class DiskMetadataHandler:
 
 
 def _writable(path: str) -> bool:
-    """Whether ``path`` is, or could be created as, a writable directory."""
+    """Whether ``path`` is, or could be created as, a writable directory.
+
+    On object stores this is known only by writing: the save reports it.
+    """
+    if fs.is_remote(path):
+        return True
     path = os.path.abspath(path)
     while not os.path.exists(path):
         parent = os.path.dirname(path)

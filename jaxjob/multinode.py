@@ -2,33 +2,29 @@
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 
 from jaxjob import boundary, hosts
-from jaxjob.checkpoint import (
-    DEFAULT_WRITE_TIMEOUT_S,
-    CheckpointManager,
-    CheckpointSaveError,
-    _check_db_type,
-    _check_owner,
-    _seconds,
-)
+from jaxjob.checkpoint import CheckpointManager
+from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import db_name
+from jaxjob.log import get_logger
+from jaxjob.manager import DEFAULT_WRITE_TIMEOUT_S, CheckpointOptions, ManagerCore, check_owner
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
 from jaxjob.session import Session
 from jaxjob.workspace import Workspace
 
 __all__ = ["MultiNodeCheckpointManager"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
-class MultiNodeCheckpointManager:
+class MultiNodeCheckpointManager(ManagerCore):
     """Coordinates one :class:`CheckpointManager` per node of a job.
 
     Node ``n``'s checkpoint of epoch ``e`` is ``<db_prefix>/<n>.<e>/`` and holds
@@ -77,26 +73,16 @@ class MultiNodeCheckpointManager:
         host_map: HostMap | None = None,
         node_processes: Mapping[str, int] | None = None,
     ) -> None:
-        self._node_processes = {str(k): v for k, v in (node_processes or {}).items()}
-        self._options = {
-            "async_save": async_save,
-            "timeout_s": timeout_s,
-            "write_timeout_s": write_timeout_s,
-            "host_map": host_map,
-        }
-        for owner in self._node_processes.values():
-            _check_owner(owner)
-        self.timeout_s = _seconds(timeout_s, "timeout_s")
-        _seconds(write_timeout_s, "write_timeout_s")
-        self._db_prefix = str(db_prefix)
-        self._db_type = db_type
-        self._metadata_handler = metadata_handler or DiskMetadataHandler()
+        options = CheckpointOptions(
+            async_save=async_save,
+            timeout_s=timeout_s,
+            write_timeout_s=write_timeout_s,
+            host_map=host_map,
+        )
+        super().__init__(db_prefix, db_type, metadata_handler, options)
+        self._node_processes = {str(k): check_owner(v) for k, v in (node_processes or {}).items()}
         self._node_managers: list[tuple[str, CheckpointManager]] | None = None
         self._key_nodes: dict[str, str] = {}
-        self._path_prefix: str | None = None
-        self._path_type: str | None = None
-        self._metadata_due: int | None = None
-        _check_db_type(db_type, "db_type")
 
     def __repr__(self) -> str:
         return f"MultiNodeCheckpointManager({self._db_prefix!r})"
@@ -112,10 +98,13 @@ class MultiNodeCheckpointManager:
             raise RuntimeError("MultiNodeCheckpointManager: call init(nodes) first")
         return list(self._node_managers)
 
-    @property
-    def metadata_handler(self) -> MetadataHandler:
-        """The handler deciding resume epochs and receiving stats."""
-        return self._metadata_handler
+    def node_names(self) -> list[str]:
+        """The job's node names, in order."""
+        return [n for n, _ in self.node_managers]
+
+    def has_pending(self) -> bool:
+        """Whether a save of some node of this process is in flight."""
+        return any(m.has_pending() for _, m in self._node_managers or [])
 
     def _make_managers(self, nodes: Sequence[Any]) -> None:
         names = [str(n) for n in nodes]
@@ -135,7 +124,7 @@ class MultiNodeCheckpointManager:
                     name,
                     self._db_type,
                     DiskMetadataHandler(),
-                    **self._options,
+                    **dataclasses.asdict(self.options),
                     owner_process=self._node_processes.get(name),
                 ),
             )
@@ -311,8 +300,8 @@ class MultiNodeCheckpointManager:
         if current is not None:
             raise current
         previous = self._share_failure(f"the node writes before epoch {epoch}", previous)
-        if due is not None and previous is None:
-            self._metadata_handler.write(epoch=due)
+        self._metadata_due = due
+        self._flush_metadata(committed=previous is None)
         if previous is not None:
             raise previous
 
@@ -332,66 +321,28 @@ class MultiNodeCheckpointManager:
                 failures.append(err)
         shared = self._share_failure("the end of the node saves", failures[0] if failures else None)
         failures = [shared] if shared and not failures else failures
-        due, self._metadata_due = self._metadata_due, None
-        if due is not None and not failures:
-            self._metadata_handler.write(epoch=due)
+        self._flush_metadata(committed=not failures)
         if failures:
             raise failures[0]
 
-    def close(self) -> None:
-        """Waits for pending saves and closes every node's manager."""
-        try:
-            self.wait_until_finished()
-        finally:
-            for _, manager in self._node_managers or []:
-                manager.close()
+    def finish_local(self) -> list[CheckpointSaveError]:
+        """Completes this process's node saves in flight, without waiting on other processes.
+
+        Returns:
+            Their failures (recorded, not raised).
+        """
+        return [f for _, m in self._node_managers or [] for f in m.finish_local()]
+
+    def _close_orbax(self) -> None:
+        for _, manager in self._node_managers or []:
+            manager.close()
 
     @property
     def failures(self) -> list[CheckpointSaveError]:
         """Every save failure of every node, in order."""
         return [f for _, m in self._node_managers or [] for f in m.failures]
 
-    def write_checkpoint_metadata(self, epoch: int) -> None:
-        """Tells the metadata handler that ``epoch`` is saved, once every node committed it."""
-        if any(m._pending is not None for _, m in self.node_managers):
-            self._metadata_due = epoch
-        else:
-            self._metadata_handler.write(epoch=epoch)
-
     def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
         """Adds each node's last action stats to ``stats``."""
         for _, manager in self.node_managers:
             manager.collect_checkpoint_stats(stats)
-
-    def report_checkpoint_stats(self, action_name: str) -> None:
-        """Reports every node's and every process's stats together, so the dominating one shows.
-
-        Call it on every process.
-        """
-        stats: dict[str, Any] = {}
-        self.collect_checkpoint_stats(stats)
-        self._metadata_handler.report(action_name, boundary.gather_stats(stats, self.timeout_s))
-
-    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
-        """The epoch to resume from (``user_epoch`` wins), or None for a fresh start."""
-        return self._metadata_handler.last_epoch(user_epoch=user_epoch)
-
-    def set_params(
-        self, nodes: Sequence[Any], path_prefix: str | None = None, path_type: str | None = None
-    ) -> None:
-        """Passes the checkpoint location and the node names to the metadata handler."""
-        if path_prefix:
-            self._path_prefix = path_prefix
-        if path_type:
-            self._path_type = path_type
-        self._metadata_handler.set_params(
-            db_prefix=self._db_prefix,
-            db_type=self._db_type,
-            node_names=[str(n) for n in nodes],
-            path_prefix=self._path_prefix,
-            path_type=self._path_type,
-        )
-
-    def cp_accessible(self, epoch: int | None = None) -> bool:
-        """Asks the metadata handler whether checkpoints (of ``epoch``) are accessible."""
-        return self._metadata_handler.cp_accessible(epoch)

@@ -7,9 +7,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from jaxjob import storage
+from jaxjob import fs, manifest, orbax_adapter, storage
 from jaxjob.hostlocal import HostMap
-from jaxjob.layout import committed_epochs, db_name
+from jaxjob.layout import committed_epochs, db_name, is_committed
 from jaxjob.workspace import Workspace
 
 __all__ = ["restore"]
@@ -18,17 +18,18 @@ _ENTRY = re.compile(r"(.+)\.(\d+)")
 
 
 def _nodes_under(db_prefix: str) -> list[str]:
-    try:
-        entries = os.listdir(db_prefix)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"no checkpoint directory or db_prefix at {db_prefix!r}") from None
+    entries = fs.listdir(db_prefix)
+    if not entries:
+        raise FileNotFoundError(f"no checkpoint directory or db_prefix at {db_prefix!r}")
     nodes = {m.group(1) for e in entries if (m := _ENTRY.fullmatch(e))}
     return sorted(n for n in nodes if committed_epochs(db_prefix, n))
 
 
 def _checkpoint_dirs(path: str, epoch: int | None, node_name: str | None) -> list[str]:
     """The checkpoint directories to read: ``path`` itself, or one per node under a db_prefix."""
-    if os.path.isdir(os.path.join(path, storage.MANIFEST_ITEM)):
+    if fs.exists(fs.join(path, manifest.MANIFEST_ITEM)):
+        if not is_committed(path):
+            raise FileNotFoundError(f"{path!r} is not a committed checkpoint (no commit marker)")
         if epoch is not None or node_name is not None:
             raise ValueError(
                 f"path {path!r} is one checkpoint directory; epoch= and node_name= "
@@ -71,7 +72,7 @@ def restore(
 
     Args:
         path: One checkpoint directory (``<db_prefix>/<node>.<epoch>``, also a
-            copy elsewhere), or a ``db_prefix``.
+            copy elsewhere), or a ``db_prefix``; local, ``gs://`` or ``s3://``.
         epoch: With a db_prefix: this epoch instead of the latest one
             committed for every node.
         node_name: With a db_prefix: only this node's checkpoint (default: all nodes).
@@ -95,17 +96,17 @@ def restore(
 
     Example:
         >>> import tempfile, jax.numpy as jnp
-        >>> from jaxjob.checkpoint import CheckpointManager
+        >>> import jaxjob
         >>> prefix = tempfile.mkdtemp()
-        >>> ckpt = CheckpointManager(prefix)
+        >>> ckpt = jaxjob.CheckpointManager(prefix)
         >>> ckpt.save(0, {"params": {"w": jnp.ones(2)}, "opt": jnp.zeros(2)})
         >>> ckpt.wait_until_finished()
-        >>> restore(prefix, leaves=["params"])["params"]["w"].tolist()
+        >>> jaxjob.restore(prefix, leaves=["params"])["params"]["w"].tolist()
         [1.0, 1.0]
     """
-    dirs = _checkpoint_dirs(os.fspath(path), epoch, node_name)
-    manifests = {d: storage.read_manifest(d) for d in dirs}
-    available = sorted({k for m in manifests.values() for k in m["state_keys"]})
+    dirs = _checkpoint_dirs(fs.normalize(path, "path"), epoch, node_name)
+    manifests = {d: manifest.read(d) for d in dirs}
+    available = sorted({k for m in manifests.values() for k in m.state_keys})
     names = available if leaves is None else list(leaves)
     if isinstance(leaves, str):
         raise TypeError(f"leaves must be a list of names, got the string {leaves!r}")
@@ -115,16 +116,19 @@ def restore(
             f"leaves {unknown} are not in the checkpoint at {path!r}; available: {available}"
         )
     result: dict[str, Any] = {}
-    for d, manifest in manifests.items():
-        mine = [n for n in names if n in manifest["state_keys"]]
-        result.update(
-            storage.restore_items(
-                d,
-                mine,
-                sharding=sharding,
-                manifest=manifest,
-                host_map=host_map,
-                private=manifest.get("owner_process") is not None,
-            )
-        )
+    for d, found in manifests.items():
+        mine = [n for n in names if n in found.state]
+        result.update(_restore_one(d, found, mine, sharding, host_map))
     return Workspace(result)
+
+
+def _restore_one(path, found, names, sharding, host_map) -> dict[str, Any]:
+    private = found.owner_process is not None
+    handler = storage.composite_handler(path, private)
+    checkpointer = orbax_adapter.checkpointer(path, handler, private=private)
+    try:
+        return storage.restore(
+            checkpointer, path, found, names, sharding=sharding, host_map=host_map
+        )
+    finally:
+        checkpointer.close()

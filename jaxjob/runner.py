@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Literal
 
 from jaxjob import hosts
-from jaxjob.checkpoint import CheckpointManager, CheckpointSaveError
+from jaxjob.errors import CheckpointSaveError
 from jaxjob.job import Job
-from jaxjob.multinode import MultiNodeCheckpointManager
+from jaxjob.layout import db_name
+from jaxjob.log import get_logger
+from jaxjob.manager import Manager
 from jaxjob.session import Session, _Program
 from jaxjob.task import DEFAULT_NODE
 from jaxjob.upload import UploadTaskGroupBuilder
 
 __all__ = ["JobRunner"]
 
-logger = logging.getLogger(__name__)
-Manager = CheckpointManager | MultiNodeCheckpointManager
+logger = get_logger(__name__)
 SAVE_ERROR_POLICIES = ("warn", "raise")
 
 
@@ -46,16 +46,16 @@ class JobRunner:
 
     Example:
         >>> import tempfile, jax.numpy as jnp
-        >>> from jaxjob.job import epoch_limiter
-        >>> job = Job()
+        >>> import jaxjob
+        >>> job = jaxjob.Job()
         >>> _ = job.init_group.add(lambda ws: {"x": jnp.zeros(())})
         >>> _ = job.epoch_group.add(lambda ws: {"x": ws["x"] + 1})
-        >>> epoch_limiter(job, 3)
-        >>> ckpt = CheckpointManager(tempfile.mkdtemp())
-        >>> session = Session()
-        >>> JobRunner(job, ckpt).train(session), float(session.workspace["x"])
+        >>> jaxjob.epoch_limiter(job, 3)
+        >>> ckpt = jaxjob.CheckpointManager(tempfile.mkdtemp())
+        >>> session = jaxjob.Session()
+        >>> jaxjob.JobRunner(job, ckpt).train(session), float(session.workspace["x"])
         (3, 3.0)
-        >>> JobRunner(job, ckpt).train(Session())  # finished: runs no epoch
+        >>> jaxjob.JobRunner(job, ckpt).train(jaxjob.Session())  # finished: runs no epoch
         3
     """
 
@@ -200,14 +200,7 @@ class JobRunner:
         manager = self.checkpoint_manager
         if manager is None:
             raise ValueError("load_blobs_from_checkpoints needs a checkpoint_manager")
-        if isinstance(manager, CheckpointManager):
-            if not manager.check_db_exists(epoch):
-                return False
-            loaded = manager.load_blobs_from_checkpoint(blob_names, epoch)
-            session.workspace = session.workspace.set(loaded)
-            result = True
-        else:
-            result = manager.load_blobs_locally(self._nodes(), blob_names, epoch, session)
+        result = manager.load_blobs_locally(self._nodes(), blob_names, epoch, session)
         manager.report_checkpoint_stats("checkpoint_partial_load")
         return result
 
@@ -246,7 +239,8 @@ class JobRunner:
             raise
         except Exception as err:
             if not isinstance(err, CheckpointSaveError) or err.epoch == epoch:
-                self._on_save_failure(_as_save_error(epoch, manager, err))
+                where = db_name(epoch, self._nodes()[0], manager.db_prefix)
+                self._on_save_failure(_as_save_error(epoch, where, err))
             else:
                 raise
 
@@ -269,21 +263,16 @@ class JobRunner:
 
     def _complete_pending_after_error(self) -> None:
         """Completes this process's saves in flight, without waiting on other processes."""
-        manager = self.checkpoint_manager
-        if manager is None or getattr(manager, "_node_managers", True) is None:
-            return  # nothing was saved yet
-        for _, node_manager in manager.node_managers:
-            err = node_manager._finish_pending()
-            if err is not None:
-                self.save_errors.append(err)
-                logger.error("While handling an error, a pending save failed too: %s", err)
+        if self.checkpoint_manager is None:
+            return
+        for err in self.checkpoint_manager.finish_local():
+            self.save_errors.append(err)
+            logger.error("While handling an error, a pending save failed too: %s", err)
 
 
-def _as_save_error(epoch: int, manager: Manager, err: BaseException) -> CheckpointSaveError:
+def _as_save_error(epoch: int, where: str, err: BaseException) -> CheckpointSaveError:
     if isinstance(err, CheckpointSaveError):
         return err
-    nodes = manager.node_managers
-    where = nodes[0][1].get_ckpt_db_name(nodes[0][0], epoch) if nodes else "?"
     failure = CheckpointSaveError(epoch, where, err)
     failure.__cause__ = err
     return failure

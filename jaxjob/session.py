@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 
+from jaxjob.log import get_logger
 from jaxjob.task import Task, TaskGroup
 from jaxjob.workspace import Workspace
 
 __all__ = ["Session"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class _Program:

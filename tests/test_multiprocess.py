@@ -160,7 +160,7 @@ def test_processes_disagreeing_on_a_leaf_fail_the_save_on_every_process(tmp_path
     assert len(results) == 2
     for result in results:
         shapes, values = result["errors"]
-        assert "host-local leaf 'cursor' differs between processes" in shapes
+        assert "host-local leaf ['cursor'] differs between processes" in shapes
         assert "'shape': [2]} on process 0, {'kind': 'numpy', 'dtype': 'float64'" in shapes
         assert "'shape': [3]} on process 1" in shapes
         assert "workspace leaf ['c'] is a jax.Array on one device of each process" in values

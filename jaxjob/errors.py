@@ -1,0 +1,30 @@
+"""The public exceptions of jaxjob (each subclasses the closest builtin)."""
+
+from __future__ import annotations
+
+import jax
+
+__all__ = ["CheckpointSaveError"]
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint save failed; ``epoch``, ``db_name`` and ``processes`` say which one, where.
+
+    ``processes`` lists the processes on which it failed (``[0]`` for a
+    single process); every process of the job raises or logs the same error.
+
+    Example:
+        >>> err = CheckpointSaveError(3, "runs/x/local.3", OSError("disk full"))
+        >>> str(err)
+        "saving checkpoint epoch 3 to 'runs/x/local.3' failed: OSError: disk full"
+    """
+
+    def __init__(
+        self, epoch: int, db: str, cause: BaseException | str, processes: list[int] | None = None
+    ) -> None:
+        self.processes = [jax.process_index()] if processes is None else list(processes)
+        what = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        where = f" on processes {self.processes}" if jax.process_count() > 1 else ""
+        super().__init__(f"saving checkpoint epoch {epoch} to {db!r} failed{where}: {what}")
+        self.epoch = epoch
+        self.db_name = db

@@ -1,0 +1,186 @@
+"""Every path operation of jaxjob: local disk, ``gs://`` and ``s3://``, through ``etils.epath``.
+
+Paths are plain strings in jaxjob's API. :func:`normalize` turns what a user
+passes into the canonical string (local paths absolute, ``~`` expanded,
+object-store prefixes without a trailing ``/``) and refuses schemes jaxjob
+cannot write to, so a ``db_prefix`` never silently becomes a local directory
+named ``gs:``. Object stores have no directories, appends or atomic renames:
+callers use one object per record and Orbax's commit file instead.
+
+Durability on local disk: :func:`fsync_tree` and :func:`fsync_dir` flush
+files and directory entries to stable storage; object stores make an object
+durable when its upload returns.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from etils import epath
+
+__all__ = [
+    "REMOTE_SCHEMES",
+    "exists",
+    "fsync_dir",
+    "fsync_tree",
+    "is_dir",
+    "is_remote",
+    "join",
+    "listdir",
+    "makedirs",
+    "normalize",
+    "read_text",
+    "rename",
+    "rmtree",
+    "size",
+    "write_text",
+]
+
+REMOTE_SCHEMES = ("gs://", "s3://")
+
+
+def normalize(path: Any, argument: str = "path") -> str:
+    """The canonical string of a local, ``gs://`` or ``s3://`` path.
+
+    Args:
+        path: A ``str`` or ``os.PathLike``.
+        argument: The argument's name, for errors.
+
+    Raises:
+        TypeError: If ``path`` is not a non-empty path.
+        ValueError: If it names a scheme other than ``gs://`` and ``s3://``.
+
+    Example:
+        >>> normalize("gs://bucket/run/")
+        'gs://bucket/run'
+        >>> normalize("~/runs").startswith("/")
+        True
+    """
+    if isinstance(path, bool) or not isinstance(path, str | os.PathLike) or not os.fspath(path):
+        raise TypeError(f"{argument} must be a non-empty path (str or os.PathLike), got {path!r}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"{argument} must be a text path, got {path!r}")
+    if "://" in text:
+        scheme = text.split("://", 1)[0] + "://"
+        if scheme not in REMOTE_SCHEMES:
+            raise ValueError(
+                f"{argument} {text!r} uses the scheme {scheme!r}; jaxjob supports local paths, "
+                "gs:// (pip install 'jaxjob[gcs]') and s3:// (pip install 'jaxjob[s3]')"
+            )
+        return text.rstrip("/")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is in an object store (``gs://`` or ``s3://``)."""
+    return path.startswith(REMOTE_SCHEMES)
+
+
+def join(path: str, *names: str) -> str:
+    """``path`` joined with ``names`` by ``/``."""
+    return "/".join([path.rstrip("/"), *names])
+
+
+def _p(path: str) -> epath.Path:
+    return epath.Path(path)
+
+
+def exists(path: str) -> bool:
+    """Whether a file, object or directory (prefix) exists at ``path``."""
+    return _p(path).exists()
+
+
+def is_dir(path: str) -> bool:
+    """Whether ``path`` is a directory (on object stores: a non-empty prefix)."""
+    return _p(path).is_dir()
+
+
+def listdir(path: str) -> list[str]:
+    """Names directly under ``path``; empty if it does not exist or is not a directory."""
+    try:
+        return sorted(p.name for p in _p(path).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def size(path: str) -> int:
+    """Bytes of the files under the directory (or prefix) ``path``."""
+    total = 0
+    for child in _p(path).iterdir():
+        total += size(os.fspath(child)) if child.is_dir() else child.stat().length
+    return total
+
+
+def makedirs(path: str) -> None:
+    """Creates the directory ``path`` and its parents (nothing to do on object stores)."""
+    if not is_remote(path):
+        _p(path).mkdir(parents=True, exist_ok=True)
+
+
+def rmtree(path: str) -> None:
+    """Removes the directory (or prefix) ``path`` and everything under it."""
+    _p(path).rmtree()
+
+
+def rename(src: str, dst: str) -> None:
+    """Renames ``src`` to ``dst`` (local disk only: object stores cannot rename atomically)."""
+    if is_remote(src):
+        raise OSError(f"cannot rename {src!r}: object stores have no atomic rename")
+    os.rename(src, dst)
+
+
+def read_text(path: str) -> str:
+    """The text of the file or object at ``path``."""
+    return _p(path).read_text()
+
+
+def write_text(path: str, text: str) -> None:
+    """Replaces the file at ``path`` by ``text``, atomically and durably.
+
+    On object stores one upload does both; on local disk a temporary file is
+    fsynced, renamed over ``path``, and the directory fsynced.
+    """
+    if is_remote(path):
+        _p(path).write_text(text)
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def fsync_dir(path: str) -> None:
+    """Flushes the entries of the local directory ``path`` (a no-op on object stores)."""
+    if is_remote(path):
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str) -> int:
+    """Flushes every file and directory under the local directory ``path``.
+
+    Returns:
+        How many files and directories were flushed (0 on object stores).
+    """
+    if is_remote(path):
+        return 0
+    count = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(root)
+        count += len(files) + 1
+    return count

@@ -1,0 +1,285 @@
+"""What both checkpoint managers share: options, the metadata handler, stats, the resume epoch.
+
+:class:`~jaxjob.CheckpointManager` (one node) and
+:class:`~jaxjob.MultiNodeCheckpointManager` (one manager per node, delegating
+to single-node managers) both build on :class:`ManagerCore`. The runner talks
+to either through the public methods of the :class:`Manager` protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import jax
+
+from jaxjob import boundary, fs, hosts
+from jaxjob.errors import CheckpointSaveError
+from jaxjob.hostlocal import HostMap
+from jaxjob.layout import committed_epochs
+from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
+from jaxjob.workspace import Workspace
+
+__all__ = ["CheckpointOptions", "Manager", "ManagerCore"]
+
+DB_TYPES = ("orbax",)
+DEFAULT_WRITE_TIMEOUT_S = 600.0
+
+
+def _seconds(value: Any, argument: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{argument} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def check_db_type(db_type: Any, argument: str) -> str:
+    """Returns ``db_type`` if it is a supported storage type.
+
+    Raises:
+        ValueError: Naming ``argument`` and the supported types.
+    """
+    if db_type not in DB_TYPES:
+        raise ValueError(f"{argument} must be one of {DB_TYPES}, got {db_type!r}")
+    return db_type
+
+
+def check_owner(owner_process: Any) -> int | None:
+    """Returns ``owner_process`` if it is None or a process index of this job.
+
+    Raises:
+        ValueError: Naming the valid range.
+    """
+    if owner_process is not None and (
+        isinstance(owner_process, bool)
+        or not isinstance(owner_process, int)
+        or not 0 <= owner_process < jax.process_count()
+    ):
+        raise ValueError(
+            f"owner_process must be None or a process index in [0, {jax.process_count()}), "
+            f"got {owner_process!r}"
+        )
+    return owner_process
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointOptions:
+    """Keyword options shared by both checkpoint managers, validated once.
+
+    Attributes:
+        async_save: False makes ``save`` return only once committed.
+        timeout_s: How long any wait on the other processes of a
+            ``jax.distributed`` job may take before it fails naming the late
+            processes.
+        write_timeout_s: How long a background write may take, including
+            Orbax's wait for every process's part before the commit.
+        host_map: For resuming host-local leaves (NumPy arrays, scalars) on a
+            different process count: for each process of this job, the saved
+            process whose copy it gets (a callable or a sequence).
+
+    Example:
+        >>> CheckpointOptions(timeout_s=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: timeout_s must be a positive number of seconds, got 0
+    """
+
+    async_save: bool = True
+    timeout_s: float = hosts.DEFAULT_TIMEOUT_S
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    host_map: HostMap | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.async_save, bool):
+            raise ValueError(f"async_save must be a bool, got {self.async_save!r}")
+        object.__setattr__(self, "timeout_s", _seconds(self.timeout_s, "timeout_s"))
+        object.__setattr__(
+            self, "write_timeout_s", _seconds(self.write_timeout_s, "write_timeout_s")
+        )
+        if self.host_map is not None and not isinstance(self.host_map, Callable | Sequence):
+            raise ValueError(
+                f"host_map must be None, a callable or a sequence of process indices, got "
+                f"{self.host_map!r}"
+            )
+
+
+class Manager(Protocol):
+    """The public methods through which the runner drives a checkpoint manager."""
+
+    timeout_s: float
+    db_prefix: str
+    metadata_handler: MetadataHandler
+
+    def set_params(self, nodes: Sequence[str]) -> None:
+        """Passes the checkpoint location and the job's nodes to the metadata handler."""
+
+    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
+        """The epoch to resume from, or None for a fresh start."""
+
+    def init(
+        self,
+        nodes: Sequence[str],
+        retrieve_from_epoch: int | None = None,
+        *,
+        key_nodes: Mapping[str, str] | None = None,
+    ) -> None:
+        """Prepares to save or load."""
+
+    def saved_shapes(self, epoch: int) -> dict[str, Any]:
+        """Shapes and dtypes of the leaves saved at ``epoch``."""
+
+    def load(self, epoch: int, *, targets: Mapping[str, Any] | None = None) -> Workspace:
+        """Loads the persistent workspace saved at ``epoch``."""
+
+    def load_outputs(self, epoch: int) -> Workspace:
+        """Loads the stop-condition outputs saved with ``epoch``."""
+
+    def load_blobs_locally(
+        self, nodes: Sequence[str], blob_names: Iterable[str], epoch: int, session: Any
+    ) -> bool:
+        """Loads named leaves into ``session.workspace``; False if a checkpoint is missing."""
+
+    def save(self, epoch: int, workspace: Mapping[str, Any], *, outputs: Any = None) -> None:
+        """Starts saving ``workspace`` as checkpoint ``epoch``."""
+
+    def write_checkpoint_metadata(self, epoch: int) -> None:
+        """Tells the metadata handler that ``epoch`` is saved, once committed."""
+
+    def report_checkpoint_stats(self, action_name: str) -> None:
+        """Reports the last action's stats to the metadata handler."""
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Whether checkpoints (of ``epoch``) are accessible."""
+
+    def wait_until_finished(self) -> None:
+        """Blocks until every save in flight is committed (every process)."""
+
+    def finish_local(self) -> list[CheckpointSaveError]:
+        """Completes this process's saves in flight without waiting on other processes."""
+
+
+class ManagerCore:
+    """The facade both managers share: options, metadata handler plumbing, stats, close.
+
+    Subclasses provide :meth:`node_names`, :meth:`has_pending`,
+    :meth:`collect_checkpoint_stats`, :meth:`wait_until_finished` and
+    :meth:`_close_orbax`.
+    """
+
+    _exchange_stats = True
+
+    def __init__(
+        self,
+        db_prefix: str,
+        db_type: str,
+        metadata_handler: MetadataHandler | None,
+        options: CheckpointOptions,
+    ) -> None:
+        self._db_prefix = fs.normalize(db_prefix, "db_prefix")
+        self._db_type = check_db_type(db_type, "db_type")
+        self._metadata_handler = metadata_handler or DiskMetadataHandler()
+        self.options = options
+        self._path_prefix: str | None = None
+        self._path_type: str | None = None
+        self._metadata_due: int | None = None
+
+    @property
+    def db_prefix(self) -> str:
+        """The directory holding the checkpoints (normalized: absolute, or a bucket URL)."""
+        return self._db_prefix
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a wait on the other processes may take."""
+        return self.options.timeout_s
+
+    @property
+    def host_map(self) -> HostMap | None:
+        """How host-local leaves are resumed on another process count."""
+        return self.options.host_map
+
+    @property
+    def metadata_handler(self) -> MetadataHandler:
+        """The handler deciding resume epochs and receiving stats."""
+        return self._metadata_handler
+
+    def node_names(self) -> list[str]:
+        """The names of the nodes whose checkpoints this manager handles."""
+        raise NotImplementedError
+
+    def has_pending(self) -> bool:
+        """Whether a save of this process is in flight."""
+        raise NotImplementedError
+
+    def committed_epochs(self) -> list[int]:
+        """Epochs committed for every node of this manager, ascending."""
+        common: set[int] | None = None
+        for node in self.node_names():
+            found = set(committed_epochs(self._db_prefix, node, self._path_prefix))
+            common = found if common is None else common & found
+        return sorted(common or ())
+
+    def set_params(
+        self, nodes: Sequence[Any], path_prefix: str | None = None, path_type: str | None = None
+    ) -> None:
+        """Passes the checkpoint location and the node names to the metadata handler."""
+        if path_prefix:
+            self._path_prefix = path_prefix
+        if path_type:
+            self._path_type = check_db_type(path_type, "path_type")
+        self._metadata_handler.set_params(
+            db_prefix=self._db_prefix,
+            db_type=self._db_type,
+            node_names=[str(n) for n in nodes],
+            path_prefix=self._path_prefix,
+            path_type=self._path_type,
+        )
+
+    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
+        """The epoch to resume from (``user_epoch`` wins), or None for a fresh start."""
+        return self._metadata_handler.last_epoch(user_epoch=user_epoch)
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Asks the metadata handler whether checkpoints (of ``epoch``) are accessible."""
+        return self._metadata_handler.cp_accessible(epoch)
+
+    def write_checkpoint_metadata(self, epoch: int) -> None:
+        """Tells the metadata handler that ``epoch`` is saved, once it is committed."""
+        if self.has_pending():
+            self._metadata_due = epoch
+        else:
+            self._metadata_handler.write(epoch=epoch)
+
+    def _flush_metadata(self, committed: bool) -> None:
+        """Writes the deferred metadata record once its save committed; drops it if it failed."""
+        due, self._metadata_due = self._metadata_due, None
+        if due is not None and committed:
+            self._metadata_handler.write(epoch=due)
+
+    def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
+        """Adds the last action's stats to ``stats``, keyed by checkpoint directory."""
+        raise NotImplementedError
+
+    def report_checkpoint_stats(self, action_name: str) -> None:
+        """Sends every process's stats of the last action to the metadata handler.
+
+        Call it on every process; see :func:`jaxjob.boundary.gather_stats` for the entries.
+        """
+        stats: dict[str, Any] = {}
+        self.collect_checkpoint_stats(stats)
+        stats = boundary.gather_stats(stats, self.timeout_s, exchange=self._exchange_stats)
+        self._metadata_handler.report(action_name, stats)
+
+    def wait_until_finished(self) -> None:
+        """Blocks until the saves in flight are committed."""
+        raise NotImplementedError
+
+    def _close_orbax(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Waits for pending saves and releases Orbax's resources."""
+        try:
+            self.wait_until_finished()
+        finally:
+            self._close_orbax()

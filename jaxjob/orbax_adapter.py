@@ -1,0 +1,297 @@
+"""Every use of Orbax's (and JAX's) internals, in one place, each with why no public API serves.
+
+jaxjob uses Orbax's public API (``ocp.Checkpointer``, ``ocp.args``, the
+handlers and options) everywhere it can. What it needs beyond that lives
+here, so an Orbax upgrade is checked in one module:
+
+* **Version check.** jaxjob is tested with the Orbax versions in
+  :data:`TESTED_ORBAX`; importing it with another one raises an ``ImportError``
+  saying which, instead of failing at the first save.
+* **Durable commit on local disk** (:class:`DurableRename`). Orbax's atomic
+  rename does not fsync the small metadata files nor the parent directory
+  after the rename, so a power loss right after a reported commit could lose
+  or tear the newest checkpoint. Orbax exposes only the ``TemporaryPath``
+  class to change how a save is committed, and its implementation lives in
+  ``orbax.checkpoint._src``.
+* **Object stores.** ``gs://`` works through Orbax unchanged, with the commit
+  file (``commit_success.txt``) instead of a rename. ``s3://`` needs the same
+  commit file plus TensorStore's ``s3`` driver: Orbax 0.12 builds TensorStore
+  specs only for ``gs://`` and local paths (``tensorstore_utils.build_kvstore_tspec``),
+  so :func:`_kvstore_tspec` wraps it.
+* **Private checkpoints** (one process writes a node's checkpoint alone).
+  Orbax's NumPy handler writes only on the primary host, with no option to
+  write on the calling process; :class:`_ThisProcessNumpyHandler` overrides it.
+* **The coordination-service client** of ``jax.distributed``, for jaxjob's
+  cross-process waits: JAX has no public accessor (Orbax reads it the same way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
+from orbax.checkpoint._src.path import async_path, atomicity
+from orbax.checkpoint._src.serialization import tensorstore_utils
+
+from jaxjob import fs
+
+__all__ = [
+    "TESTED_ORBAX",
+    "DurableRename",
+    "checkpointer",
+    "distributed_client",
+    "private_options",
+    "private_registry",
+]
+
+TESTED_ORBAX = ((0, 12, 8), (0, 13, 0))  # [lower, upper): keep in sync with pyproject.toml
+COMMIT_FILE = atomicity.COMMIT_SUCCESS_FILE
+
+
+def _check_version() -> None:
+    installed = importlib.metadata.version("orbax-checkpoint")
+    parts = tuple(int(p) for p in installed.split(".")[:3] if p.isdigit())
+    low, high = TESTED_ORBAX
+    if not low <= parts < high:
+        raise ImportError(
+            f"jaxjob needs orbax-checkpoint >={'.'.join(map(str, low))},<"
+            f"{'.'.join(map(str, high))} (the versions it is tested with), but {installed} "
+            "is installed; run: pip install 'orbax-checkpoint>=0.12.8,<0.13'"
+        )
+
+
+_check_version()
+
+
+# ---- durable commit -------------------------------------------------------------------------
+
+
+class DurableRename(atomicity.AtomicRenameTemporaryPath):
+    """Orbax's atomic rename, with every file and the rename itself fsynced.
+
+    The files under the temporary directory are flushed before the rename,
+    and the parent directory after it, so a checkpoint that is visible under
+    its final name is on stable storage.
+    """
+
+    async def finalize(self) -> None:
+        """Writes the commit marker, flushes everything, renames, flushes the parent."""
+        store = self._checkpoint_metadata_store
+        if store:
+            await asyncio.to_thread(store.wait_until_finished)
+            await asyncio.to_thread(
+                store.update,
+                file_path=checkpoint_metadata.step_metadata_file_path(self._tmp_path),
+                commit_timestamp_nsecs=time.time_ns(),
+            )
+            await asyncio.to_thread(store.wait_until_finished)
+        await async_path.write_text(
+            self._tmp_path / COMMIT_FILE, f"Checkpoint commit was successful to {self._final_path}"
+        )
+        await asyncio.to_thread(fs.fsync_tree, os.fspath(self._tmp_path))
+        await async_path.rename(self._tmp_path, self._final_path)
+        await asyncio.to_thread(fs.fsync_dir, os.fspath(self._final_path.parent))
+
+
+def commit_file_options(path: str) -> ocp.options.AtomicityOptions | None:
+    """Orbax's commit-file atomicity for object stores (``path`` remote), else None.
+
+    Object stores cannot rename a directory: a checkpoint is written in place
+    and committed by its ``commit_success.txt``. The checkpointer and the
+    composite handler both need it, on save and on restore (which then
+    refuses a checkpoint without the marker).
+    """
+    if not fs.is_remote(path):
+        return None
+    return ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
+
+
+def _commit_options(path: str) -> dict[str, Any]:
+    """How a checkpoint at ``path`` is committed: durable rename, or a commit file."""
+    if fs.is_remote(path):
+        return {"atomicity_options": commit_file_options(path)}
+    return {"temporary_path_class": DurableRename}
+
+
+# ---- s3 -------------------------------------------------------------------------------------
+
+_build_kvstore_tspec = tensorstore_utils.build_kvstore_tspec
+
+
+def s3_kvstore(bucket: str, path: str) -> dict[str, Any]:
+    """TensorStore's ``s3`` kvstore spec, with endpoint, region and credentials from ``AWS_*``.
+
+    TensorStore does not read ``AWS_ENDPOINT_URL`` itself (S3-compatible
+    stores, local test servers).
+    """
+    spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": path}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        spec["endpoint"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        spec["aws_region"] = region
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        spec["aws_credentials"] = {"type": "environment"}
+    return spec
+
+
+def _gcs_to_s3(spec: Any) -> Any:
+    if isinstance(spec, dict):
+        if spec.get("driver") in ("gcs", "gcs_grpc"):
+            return s3_kvstore(spec["bucket"], spec.get("path", ""))
+        return {k: _gcs_to_s3(v) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [_gcs_to_s3(v) for v in spec]
+    return spec
+
+
+def _kvstore_tspec(directory: Any, name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Orbax's TensorStore kvstore spec; ``s3://`` built as Orbax builds ``gs://``, on ``s3``.
+
+    Orbax's own code lays out the spec (OCDBT, per-process directories,
+    remote-storage tuning); each ``gcs`` kvstore in it is then replaced.
+    Every Orbax caller looks ``build_kvstore_tspec`` up on its module at call
+    time, so replacing that one attribute covers them all.
+    """
+    text = str(directory)
+    if not text.startswith("s3://"):
+        return _build_kvstore_tspec(directory, name, **kwargs)
+    return _gcs_to_s3(_build_kvstore_tspec("gs://" + text[len("s3://") :], name, **kwargs))
+
+
+tensorstore_utils.build_kvstore_tspec = _kvstore_tspec
+
+
+# ---- private checkpoints --------------------------------------------------------------------
+
+
+class _ThisProcessNumpyHandler(ocp.type_handlers.NumpyHandler):
+    """Orbax's NumPy handler, writing on the calling process instead of the primary host only."""
+
+    async def _background_serialize(
+        self,
+        values: Sequence[np.ndarray],
+        infos: Sequence[Any],
+        args: Sequence[Any] | None = None,
+    ) -> None:
+        writes = []
+        for value, info, arg in zip(values, infos, args or [None] * len(values), strict=True):
+            await info.await_path_creation()
+            spec = tensorstore_utils.build_array_write_spec(
+                info=info,
+                arg=arg,
+                global_shape=value.shape,
+                local_shape=value.shape,
+                dtype=value.dtype,
+                use_ocdbt=False,
+                process_index=None,
+                metadata_key=self._metadata_key,
+            )
+            writes.append(self._open_and_write(value, spec.json, info.ts_context))
+        await asyncio.gather(*writes)
+
+
+def private_registry() -> Any:
+    """The Orbax type-handler registry of private items: NumPy arrays only."""
+    return ocp.type_handlers.create_type_handler_registry((np.ndarray, _ThisProcessNumpyHandler()))
+
+
+def private_options() -> ocp.options.MultiprocessingOptions:
+    """Orbax options making this process the only one that takes part."""
+    me = jax.process_index()
+    return ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"jaxjob_private_{me}"
+    )
+
+
+# ---- checkpointers --------------------------------------------------------------------------
+
+
+def checkpointer(
+    path: str,
+    handler: ocp.CompositeCheckpointHandler,
+    *,
+    private: bool,
+    async_timeout_s: float | None = None,
+) -> ocp.Checkpointer:
+    """An Orbax checkpointer for checkpoints under ``path`` (a db_prefix or a checkpoint).
+
+    Args:
+        path: Where the checkpoints are (chooses how a save is committed).
+        handler: The composite handler of a checkpoint directory.
+        private: This process alone takes part (in a multi-process job).
+        async_timeout_s: Make an ``AsyncCheckpointer`` whose background
+            write may take this long; None: a synchronous one.
+    """
+    kwargs = _commit_options(path)
+    alone = private and jax.process_count() > 1
+    if alone:
+        kwargs["multiprocessing_options"] = private_options()
+    if async_timeout_s is None:
+        return ocp.Checkpointer(handler, **kwargs)
+    options = ocp.AsyncOptions(
+        timeout_secs=max(1, round(async_timeout_s)),
+        # Orbax keys the signals of asynchronous directory creation by a per-process
+        # counter in the job-wide key-value store: the private saves of two processes
+        # would collide.
+        create_directories_asynchronously=not alone,
+    )
+    return ocp.AsyncCheckpointer(handler, async_options=options, **kwargs)
+
+
+# ---- jax.distributed ------------------------------------------------------------------------
+
+
+def distributed_client() -> Any:
+    """The coordination-service client that ``jax.distributed.initialize()`` made.
+
+    Raises:
+        RuntimeError: If ``jax.distributed`` is not initialized.
+    """
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError(
+            f"jax.process_count() is {jax.process_count()} but jax.distributed is not "
+            "initialized; call jaxjob.distributed.initialize() first"
+        )
+    return client
+
+
+def distributed_process_id() -> int | None:
+    """This process's index in a ``jax.distributed`` job, or None outside one.
+
+    Reads JAX's distributed state without initializing a backend, so it is
+    safe to call before ``jax.distributed.initialize()``.
+    """
+    from jax._src import distributed
+
+    state = distributed.global_state
+    return None if state.client is None else state.process_id
+
+
+def commit_times(path: str) -> tuple[float | None, float | None]:
+    """When Orbax started and committed the checkpoint at ``path`` (seconds), if recorded.
+
+    Orbax keeps them in its step metadata file, which has no public reader
+    that works without constructing a checkpointer.
+    """
+    file = os.fspath(checkpoint_metadata.step_metadata_file_path(epath.Path(path)))
+    try:
+        doc = json.loads(fs.read_text(file))
+    except (OSError, ValueError):
+        return None, None
+    start, commit = doc.get("init_timestamp_nsecs"), doc.get("commit_timestamp_nsecs")
+    return (start / 1e9 if start else None), (commit / 1e9 if commit else None)
