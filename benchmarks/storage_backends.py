@@ -28,8 +28,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 
 def _workspace(mib):
-    n = mib * 2**20 // 4 // 4
-    return {f"w{i}": jnp.full((n,), float(i), jnp.float32) for i in range(4)}
+    n = mib * 2**20 // 4 // 4  # random: constant arrays would compress to nothing
+    keys = jax.random.split(jax.random.key(0), 4)
+    return {f"w{i}": jax.random.normal(k, (n,), jnp.float32) for i, k in enumerate(keys)}
 
 
 def _durable(prefix, ws):

@@ -105,3 +105,27 @@ def test_initialize_reads_the_jax_variables_of_another_launcher():
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert [out.strip().splitlines()[-1] for out, _ in outputs] == ["JOINED 0 2", "JOINED 1 2"]
+
+
+LOGGING = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="LOG %(name)s %(message)s", stream=sys.stdout)
+import jaxjob
+jaxjob.distributed.initialize()
+import jax.numpy as jnp
+ckpt = jaxjob.CheckpointManager(sys.argv[1])
+ckpt.save(0, {"x": jnp.ones(2)})
+ckpt.close()
+"""
+
+
+def test_every_jaxjob_log_line_names_its_process(tmp_path):
+    """In a 2-process job each jaxjob log line carries [process=i] of the process that wrote it."""
+    (tmp_path / "log.py").write_text(LOGGING)
+    proc = _launch("-n", "2", "--", sys.executable, str(tmp_path / "log.py"), str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if " LOG jaxjob." in line]
+    assert {line.split()[0] for line in lines} == {"[process=0]", "[process=1]"}
+    for line in lines:
+        launcher_prefix, _, _, *message = line.split()
+        assert message[0] == launcher_prefix, line
