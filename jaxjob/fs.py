@@ -34,6 +34,7 @@ __all__ = [
     "rename",
     "rmtree",
     "size",
+    "writable",
     "write_text",
 ]
 
@@ -152,6 +153,22 @@ def write_text(path: str, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path))
+
+
+def writable(path: str) -> bool:
+    """Whether ``path`` is, or could be created as, a writable local directory.
+
+    On object stores this is known only by writing: True.
+    """
+    if is_remote(path):
+        return True
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return os.path.isdir(path) and os.access(path, os.W_OK)
 
 
 def fsync_dir(path: str) -> None:

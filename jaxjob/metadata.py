@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -113,7 +112,7 @@ class DiskMetadataHandler:
         """With ``epoch``: it is committed for every node. Without: the prefix is writable."""
         if epoch is not None:
             return epoch in self.epochs()
-        return self.db_prefix is not None and _writable(self.db_prefix)
+        return self.db_prefix is not None and fs.writable(self.db_prefix)
 
     def report(self, action_name: str, stats: dict[str, Any]) -> None:
         """Keeps and logs the stats; failed actions are logged as warnings."""
@@ -123,19 +122,3 @@ class DiskMetadataHandler:
             logger.warning("%s failed: %s", action_name, failed)
         else:
             logger.info("%s: %s", action_name, stats)
-
-
-def _writable(path: str) -> bool:
-    """Whether ``path`` is, or could be created as, a writable directory.
-
-    On object stores this is known only by writing: the save reports it.
-    """
-    if fs.is_remote(path):
-        return True
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            return False
-        path = parent
-    return os.path.isdir(path) and os.access(path, os.W_OK)
