@@ -350,16 +350,12 @@ class CheckpointManager(ManagerCore):
         else:
             _put_back(path, pending)
             self._record_failure(epoch, path, problem)
-        if not self._async_save and problem is None:
+        if not self.options.async_save and problem is None:
             previous = previous or self._finish_pending()
         if problem is not None:
             raise problem
         if previous is not None:
             raise previous
-
-    @property
-    def _async_save(self) -> bool:
-        return self.options.async_save
 
     def _agree(self, epoch, path, previous, problem, found=None, digests=None, *, started=None):
         """Shares with every process how the previous save ended and whether this one can start.
@@ -426,7 +422,7 @@ class CheckpointManager(ManagerCore):
     def _get_saver(self) -> ocp.Checkpointer:
         if self._saver is None:
             handler = storage.composite_handler(self._db_prefix, self._private)
-            timeout = self.options.write_timeout_s if self._async_save else None
+            timeout = self.options.write_timeout_s if self.options.async_save else None
             self._saver = orbax_adapter.checkpointer(
                 self._db_prefix, handler, private=self._private, async_timeout_s=timeout
             )

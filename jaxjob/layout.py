@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from jaxjob import fs
 
-__all__ = ["COMMIT_MARKER", "committed_epochs", "db_name", "get_ckpt_filename", "is_committed"]
+__all__ = [
+    "COMMIT_MARKER",
+    "committed_epochs",
+    "common_epochs",
+    "db_name",
+    "get_ckpt_filename",
+    "is_committed",
+]
 
 COMMIT_MARKER = "commit_success.txt"  # Orbax's; written last, also by jaxjob's durable rename
 
@@ -52,6 +60,17 @@ def committed_epochs(db_prefix: str, node_name: str, path_prefix: str | None = N
         if match and is_committed(fs.join(directory, entry)):
             epochs.append(int(match.group(1)))
     return sorted(epochs)
+
+
+def common_epochs(
+    db_prefix: str, node_names: Iterable[str], path_prefix: str | None = None
+) -> list[int]:
+    """Epochs committed for every node of ``node_names``, ascending (none without nodes)."""
+    common: set[int] | None = None
+    for node in node_names:
+        found = set(committed_epochs(db_prefix, node, path_prefix))
+        common = found if common is None else common & found
+    return sorted(common or ())
 
 
 def is_committed(path: str) -> bool:

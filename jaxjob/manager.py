@@ -17,7 +17,7 @@ import jax
 from jaxjob import boundary, fs, hosts
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
-from jaxjob.layout import committed_epochs
+from jaxjob.layout import common_epochs
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
 from jaxjob.workspace import Workspace
 
@@ -213,11 +213,7 @@ class ManagerCore:
 
     def committed_epochs(self) -> list[int]:
         """Epochs committed for every node of this manager, ascending."""
-        common: set[int] | None = None
-        for node in self.node_names():
-            found = set(committed_epochs(self._db_prefix, node, self._path_prefix))
-            common = found if common is None else common & found
-        return sorted(common or ())
+        return common_epochs(self._db_prefix, self.node_names(), self._path_prefix)
 
     def set_params(
         self, nodes: Sequence[Any], path_prefix: str | None = None, path_type: str | None = None

@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 
 from jaxjob import fs
-from jaxjob.layout import committed_epochs
+from jaxjob.layout import common_epochs
 from jaxjob.log import get_logger
 
 __all__ = ["DiskMetadataHandler", "MetadataHandler"]
@@ -84,13 +84,9 @@ class DiskMetadataHandler:
 
     def epochs(self) -> list[int]:
         """Epochs committed for every node, ascending."""
-        if self.db_prefix is None or not self.node_names:
+        if self.db_prefix is None:
             return []
-        common = None
-        for node in self.node_names:
-            found = set(committed_epochs(self.db_prefix, node, self.path_prefix))
-            common = found if common is None else common & found
-        return sorted(common or ())
+        return common_epochs(self.db_prefix, self.node_names, self.path_prefix)
 
     def last_epoch(self, user_epoch: int | None = None) -> int | None:
         """``user_epoch`` if given, else the latest epoch committed for every node."""

@@ -334,8 +334,9 @@ class MultiNodeCheckpointManager(ManagerCore):
         return [f for _, m in self._node_managers or [] for f in m.finish_local()]
 
     def _close_orbax(self) -> None:
+        # wait_until_finished already waited for every node: release without waiting again
         for _, manager in self._node_managers or []:
-            manager.close()
+            manager._close_orbax()
 
     @property
     def failures(self) -> list[CheckpointSaveError]:

@@ -21,8 +21,7 @@ def _nodes_under(db_prefix: str) -> list[str]:
     entries = fs.listdir(db_prefix)
     if not entries:
         raise FileNotFoundError(f"no checkpoint directory or db_prefix at {db_prefix!r}")
-    nodes = {m.group(1) for e in entries if (m := _ENTRY.fullmatch(e))}
-    return sorted(n for n in nodes if committed_epochs(db_prefix, n))
+    return sorted({m.group(1) for e in entries if (m := _ENTRY.fullmatch(e))})
 
 
 def _checkpoint_dirs(path: str, epoch: int | None, node_name: str | None) -> list[str]:
@@ -36,10 +35,12 @@ def _checkpoint_dirs(path: str, epoch: int | None, node_name: str | None) -> lis
                 "select within a db_prefix"
             )
         return [path]
-    nodes = [node_name] if node_name is not None else _nodes_under(path)
+    candidates = [node_name] if node_name is not None else _nodes_under(path)
+    epochs = {n: committed_epochs(path, n) for n in candidates}  # one listing per node
+    nodes = candidates if node_name is not None else [n for n in candidates if epochs[n]]
     if not nodes:
         raise FileNotFoundError(f"no committed checkpoint under {path!r}")
-    common = set.intersection(*(set(committed_epochs(path, n)) for n in nodes))
+    common = set.intersection(*(set(epochs[n]) for n in nodes))
     if epoch is None:
         if not common:
             raise FileNotFoundError(f"no epoch of nodes {nodes} is committed under {path!r}")

@@ -221,7 +221,8 @@ def restore(
     names = list(names)
     store = codec_for(manifest.owner_process is not None)
     specs = {name: manifest.specs(item, name) for name in names}
-    rows = _rows(manifest, [s for group in specs.values() for s in group], host_map)
+    all_specs = [spec for group in specs.values() for spec in group]
+    rows = _rows(manifest, all_specs, host_map)
     where = f"the checkpoint of epoch {manifest.epoch} at {path!r}"
     abstracts: dict[str, jax.ShapeDtypeStruct] = {}
     for name in names:
@@ -232,7 +233,6 @@ def restore(
             leaves = [spec.abstract() for spec in specs[name]]
         for spec, leaf in zip(specs[name], leaves, strict=True):
             abstracts[spec.name] = _abstract(leaf, fallback)
-    all_specs = [spec for group in specs.values() for spec in group]
     restore_item = {s.name: store.target(s, abstracts[s.name], rows) for s in all_specs}
     restored = _read(checkpointer, path, item, restore_item)
     leaves = {s.name: store.decode(restored[s.name], s, abstracts[s.name], rows) for s in all_specs}
