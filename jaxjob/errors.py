@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-__all__ = ["CheckpointSaveError"]
+__all__ = ["CheckpointInUseError", "CheckpointSaveError", "CorruptCheckpointError", "Preempted"]
 
 
 class CheckpointSaveError(RuntimeError):
@@ -28,3 +28,29 @@ class CheckpointSaveError(RuntimeError):
         super().__init__(f"saving checkpoint epoch {epoch} to {db!r} failed{where}: {what}")
         self.epoch = epoch
         self.db_name = db
+
+
+class Preempted(RuntimeError):
+    """Training stopped on a preemption signal after saving and committing ``epoch``.
+
+    Let it propagate so the process exits non-zero and the scheduler restarts
+    the job, which then resumes after ``epoch``.
+
+    Example:
+        >>> str(Preempted(7))
+        'preempted: epoch 7 is saved and committed; run the job again to resume after it'
+    """
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(
+            f"preempted: epoch {epoch} is saved and committed; run the job again to resume after it"
+        )
+        self.epoch = epoch
+
+
+class CheckpointInUseError(RuntimeError):
+    """Another live process writes this node under this ``db_prefix``; nothing was written."""
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint's bytes do not match what was saved (checksum, truncation, missing file)."""
