@@ -154,6 +154,11 @@ class Manager(Protocol):
     def wait_until_finished(self) -> None:
         """Blocks until every save in flight is committed (every process)."""
 
+    @property
+    def required_outputs(self) -> tuple[str, ...]:
+        """Names of epoch-group outputs to pass to :meth:`save` (e.g. what retention ranks by)."""
+        ...
+
     def finish_local(self) -> list[CheckpointSaveError]:
         """Completes this process's saves in flight without waiting on other processes."""
 
@@ -187,6 +192,11 @@ class ManagerCore:
     def db_prefix(self) -> str:
         """The directory holding the checkpoints (normalized: absolute, or a bucket URL)."""
         return self._db_prefix
+
+    @property
+    def required_outputs(self) -> tuple[str, ...]:
+        """Names of epoch-group outputs the runner passes to :meth:`save`; none by default."""
+        return ()
 
     @property
     def timeout_s(self) -> float:
