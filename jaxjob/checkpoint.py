@@ -409,7 +409,7 @@ class CheckpointManager(ManagerCore):
         self._current_stats = {"epoch": epoch, "bytes": storage.nbytes(encoded), "error": None}
         try:
             args = storage.save_args(encoded, found)
-            logger.info("Saving epoch %d to %s", epoch, path)
+            logger.debug("Saving epoch %d to %s", epoch, path)
             self._get_saver().save(path, args=args)
         except Exception as err:
             _put_back(path, pending)

@@ -36,12 +36,32 @@ __all__ = [
     "PrivateCodec",
     "Rows",
     "SharedCodec",
+    "checkpointable",
     "flatten",
     "leaf_names",
     "unflatten",
 ]
 
 KINDS = ("jax", "prng_key", "numpy", "numpy_scalar", "python")
+SUPPORTED = (
+    "leaves must be jax.Array, NumPy arrays (not of object dtype) or scalars, or Python "
+    "bool/int/float"
+)
+
+
+def checkpointable(leaf: Any) -> bool:
+    """Whether a checkpoint can hold ``leaf`` (tracers of jitted code count as ``jax.Array``).
+
+    Example:
+        >>> import numpy as np
+        >>> checkpointable(np.zeros(2)), checkpointable(1.5), checkpointable("text")
+        (True, True, False)
+    """
+    if isinstance(leaf, jax.Array):
+        return True
+    if isinstance(leaf, np.ndarray | np.generic):
+        return not leaf.dtype.hasobject
+    return isinstance(leaf, bool | int | float)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +108,7 @@ class LeafSpec:
         if isinstance(leaf, bool | int | float):
             return cls(name, path, "python", type(leaf).__name__, ())
         raise TypeError(
-            f"cannot checkpoint the leaf at {path} of type {type(leaf).__name__}; leaves must be "
-            "jax.Array, NumPy arrays (not of object dtype) or scalars, or Python bool/int/float"
+            f"cannot checkpoint the leaf at {path} of type {type(leaf).__name__}; {SUPPORTED}"
         )
 
     def abstract(self) -> jax.ShapeDtypeStruct:

@@ -110,6 +110,12 @@ class Job(_Context):
             )
         self.stop_conditions.append(condition)
 
+    @property
+    def epoch_limit(self) -> int | None:
+        """The ``num_epochs`` of :func:`epoch_limiter` on this job, or None."""
+        limits = [c.num_epochs for c in self.stop_conditions if isinstance(c, _EpochLimit)]
+        return limits[-1] if limits else None
+
     def stop_values(self, ws: Workspace) -> tuple[list[bool], set[str]]:
         """Evaluates the stop conditions on ``ws``.
 
@@ -178,6 +184,7 @@ def epoch_limiter(job: Job, num_epochs: int) -> None:
     The counter of finished epochs (``"jaxjob/epochs_done"``) is persistent
     state: a resumed job still stops after ``num_epochs`` epochs in all, and
     re-running a finished job with a larger ``num_epochs`` continues it.
+    Calling it again on the same job replaces the limit.
 
     Args:
         job: The job to limit.
@@ -191,6 +198,9 @@ def epoch_limiter(job: Job, num_epochs: int) -> None:
         >>> epoch_limiter(job, 3)
         >>> [t.name for t in job.init_group.tasks], [t.name for t in job.epoch_group.tasks]
         (['_init_counter'], ['_count_epoch'])
+        >>> epoch_limiter(job, 5)
+        >>> job.epoch_limit, len(job.stop_conditions)
+        (5, 1)
     """
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
         raise ValueError(f"epoch_limiter: num_epochs must be an integer >= 1, got {num_epochs!r}")
@@ -198,4 +208,5 @@ def epoch_limiter(job: Job, num_epochs: int) -> None:
         job.init_group.add(_init_counter, jit=True)
         job.epoch_group.add(_count_epoch, jit=True)
         job._epoch_counter = True
+    job.stop_conditions = [c for c in job.stop_conditions if not isinstance(c, _EpochLimit)]
     job.add_stop_condition(_EpochLimit(num_epochs))

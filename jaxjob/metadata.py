@@ -111,10 +111,10 @@ class DiskMetadataHandler:
         return self.db_prefix is not None and fs.writable(self.db_prefix)
 
     def report(self, action_name: str, stats: dict[str, Any]) -> None:
-        """Keeps and logs the stats; failed actions are logged as warnings."""
+        """Keeps the stats and logs them at DEBUG; failed actions are logged as warnings."""
         self.history.append({"action": action_name, "time": time.time(), "stats": stats})
         failed = {k: v for k, v in stats.items() if isinstance(v, dict) and v.get("error")}
         if failed:
             logger.warning("%s failed: %s", action_name, failed)
         else:
-            logger.info("%s: %s", action_name, stats)
+            logger.debug("%s: %s", action_name, stats)

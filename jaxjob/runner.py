@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from jaxjob import hosts
+import jax
+
+from jaxjob import checks, hosts
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.job import Job
 from jaxjob.layout import db_name
 from jaxjob.log import get_logger
 from jaxjob.manager import Manager
+from jaxjob.progress import Progress, check_names
 from jaxjob.session import Session, _Program
 from jaxjob.task import DEFAULT_NODE
 from jaxjob.upload import UploadTaskGroupBuilder
@@ -43,6 +49,21 @@ class JobRunner:
         on_save_error: ``"warn"`` logs a failed save (with its epoch and
             exception), records it in the stats and ``save_errors`` and
             carries on; ``"raise"`` raises it.
+        progress: Names of scalar epoch outputs or leaves to show after every
+            epoch with the epoch's time and save time (a ``tqdm`` bar in a
+            terminal or notebook, else one line per epoch on stdout; process
+            0 only), and to record in ``history``. None shows nothing.
+        mesh: A ``jax.sharding.Mesh`` that ``train`` enters with
+            ``jax.set_mesh`` (needed for meshes with Explicit axes, the
+            default of ``jax.make_mesh``: tasks then use
+            ``jax.sharding.reshard(x, P(...))``).
+
+    Attributes:
+        history: One dict per epoch that ``train`` ran on this runner:
+            ``"epoch"``, the ``progress`` names' values (floats),
+            ``"epoch_time_s"`` (the epoch group and its save) and
+            ``"save_time_s"`` (the part the training thread spent saving).
+        save_errors: The save failures met under ``on_save_error="warn"``.
 
     Example:
         >>> import tempfile, jax.numpy as jnp
@@ -67,6 +88,8 @@ class JobRunner:
         upload_task_group_builder: UploadTaskGroupBuilder | None = None,
         *,
         on_save_error: Literal["warn", "raise"] = "warn",
+        progress: Sequence[str] | None = None,
+        mesh: jax.sharding.Mesh | None = None,
     ) -> None:
         if on_save_error not in SAVE_ERROR_POLICIES:
             raise ValueError(
@@ -86,6 +109,13 @@ class JobRunner:
         self.upload_task_group_builder = upload_task_group_builder
         self.on_save_error = on_save_error
         self.save_errors: list[CheckpointSaveError] = []
+        self.progress = check_names(progress)
+        if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+            raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
+        self.mesh = mesh
+        self.history: list[dict[str, Any]] = []
+        self._progress = Progress(None, self.history)
+        self._warned: set[str] = set()
 
     def _nodes(self) -> list[str]:
         return self.job.nodes_to_checkpoint() or [DEFAULT_NODE]
@@ -97,7 +127,26 @@ class JobRunner:
         Call it on every process of a multi-process job: process 0 decides
         the resume epoch for all, and a stop condition that holds on any
         process stops every process.
+
+        Raises:
+            ValueError: If the checkpoint resumed from does not hold the names
+                the init group creates (or holds names it no longer creates).
         """
+        self._warned = set()
+        self._progress = Progress(
+            self.progress,
+            self.history,
+            total=self.job.epoch_limit,
+            display=jax.process_index() == 0,
+        )
+        mesh = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+        try:
+            with mesh:
+                return self._train(session)
+        finally:
+            self._progress.close()
+
+    def _train(self, session: Session) -> int:
         manager = self.checkpoint_manager
         resume = self.resume_from_epoch
         if manager is not None:
@@ -157,23 +206,43 @@ class JobRunner:
         saved = manager.saved_shapes(epoch)
         abstract: dict[str, Any] = {}
         targets: dict[str, Any] = {}
-        for step in session.steps(self.job.init_group):
+        nodes: dict[str, str] = {}
+        steps = session.steps(self.job.init_group)
+        for step in steps:
             if isinstance(step, _Program):
                 produced = step.abstract(abstract)
                 targets.update(produced)
                 abstract.update(produced)
+                nodes.update(step.producers)
             else:
                 abstract.update({k: v for k, v in saved.items() if k not in abstract})
+        loaded = _loaded_nodes(manager)
+        checks.check_resume_names(
+            [k for k in targets if loaded is None or nodes.get(k) in loaded],
+            saved,
+            exact=all(isinstance(step, _Program) for step in steps),
+            epoch=epoch,
+            where=manager.db_prefix,
+        )
         return {k: v for k, v in targets.items() if k in saved}
 
     def _run_epoch(self, epoch: int, session: Session) -> bool:
-        logger.info("Starting epoch %d", epoch)
+        logger.debug("Starting epoch %d", epoch)
+        started = time.perf_counter()
         run = session.run(self.job.epoch_group)
+        checks.warn_close_outputs(
+            set(run) - set(session.workspace), session.workspace, self._warned
+        )
         values, read = self.job.stop_values(run)
         stopped = self._any_process(f"the stop conditions of epoch {epoch}", any(values))
+        save_time_s = 0.0
         if self.checkpoint_manager is not None:
             outputs = {k: run[k] for k in read if k in run and k not in session.workspace}
+            saving = time.perf_counter()
             self.save_checkpoints(epoch, session, outputs=outputs)
+            save_time_s = time.perf_counter() - saving
+        epoch_time_s = time.perf_counter() - started
+        self._progress.epoch_done(epoch, run, epoch_time_s=epoch_time_s, save_time_s=save_time_s)
         return bool(stopped)
 
     def _run_final_groups(self, epoch: int, session: Session) -> None:
@@ -268,6 +337,15 @@ class JobRunner:
         for err in self.checkpoint_manager.finish_local():
             self.save_errors.append(err)
             logger.error("While handling an error, a pending save failed too: %s", err)
+
+
+def _loaded_nodes(manager: Manager) -> set[str] | None:
+    """The nodes whose checkpoints this process resumes from; None: every node."""
+    managers = manager.node_managers
+    if len(managers) == 1:
+        return None
+    me = jax.process_index()
+    return {name for name, m in managers if getattr(m, "owner_process", None) in (None, me)}
 
 
 def _as_save_error(epoch: int, where: str, err: BaseException) -> CheckpointSaveError:

@@ -6,6 +6,10 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import jax
+
+from jaxjob import codec
+from jaxjob.log import warn
 from jaxjob.workspace import Workspace
 
 __all__ = ["DEFAULT_NODE", "Node", "Task", "TaskFn", "TaskGroup"]
@@ -82,7 +86,10 @@ class Task:
         jit: True compiles it (fused with its jitted neighbours) with
             ``jax.jit``; False calls it on the host; None takes the group's
             default.
-        name: A name for logs and errors; defaults to ``fn.__name__``.
+        name: A name for logs and errors; defaults to ``fn.__name__``. A
+            group holds one task per name: a task named like one already in
+            its group replaces that one, with a ``UserWarning`` (a re-run
+            notebook cell). Lambdas and unnamed callables never replace.
 
     Example:
         >>> group = TaskGroup()
@@ -100,6 +107,7 @@ class Task:
         self.fn = fn
         self.jit = jit
         self.name = name or getattr(fn, "__name__", "task")
+        self._replaceable = bool(name) or getattr(fn, "__name__", "<lambda>") != "<lambda>"
         self.node = Node.current()
         group = TaskGroup._current()
         if group is not None:
@@ -109,7 +117,12 @@ class Task:
         return f"Task({self.name!r}, jit={self.jit}, node={self.node!r})"
 
     def outputs_of(self, result: Any) -> dict[str, Any]:
-        """Checks a call's result and returns it as a dict of names to pytrees."""
+        """Checks a call's result and returns it as a dict of names to pytrees.
+
+        Raises:
+            TypeError: If the result is not a mapping of names, or holds a leaf
+                a checkpoint cannot hold (naming the task and the key path).
+        """
         if result is None:
             return {}
         if not isinstance(result, Mapping) or not all(isinstance(k, str) for k in result):
@@ -117,7 +130,15 @@ class Task:
                 f"task {self.name!r} must return a mapping of names to pytrees or None, "
                 f"got {type(result).__name__}"
             )
-        return dict(result)
+        result = dict(result)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(result)[0]:
+            if not codec.checkpointable(leaf):
+                raise TypeError(
+                    f"task {self.name!r} returned a {type(leaf).__name__} at "
+                    f"{jax.tree_util.keystr(path)}, which a checkpoint cannot hold; "
+                    f"{codec.SUPPORTED}"
+                )
+        return result
 
 
 class TaskGroup(_Context):
@@ -153,6 +174,15 @@ class TaskGroup(_Context):
         return f"TaskGroup({self.name!r}, tasks={[t.name for t in self.tasks]})"
 
     def _append(self, task: Task) -> None:
+        """Appends ``task``, or replaces the task of the same name (warning)."""
+        for i, old in enumerate(self.tasks):
+            if task._replaceable and old.name == task.name:
+                warn(
+                    f"group {self.name!r} already has a task named {task.name!r}: the new one "
+                    "replaces it (a re-run notebook cell?); give distinct tasks distinct names"
+                )
+                self.tasks[i] = task
+                return
         self.tasks.append(task)
 
     @classmethod

@@ -1,0 +1,159 @@
+"""Per-epoch progress of a run: a live bar or one plain line per epoch, and the history.
+
+``JobRunner(..., progress=["loss", "accuracy"])`` shows, after every epoch,
+the epoch, those values (epoch outputs or persistent leaves, scalars), the
+epoch's wall time and the part of it the training thread spent saving. Where
+stdout is a terminal, or in Jupyter, that is a ``tqdm.auto`` bar (a widget in
+a notebook); otherwise one plain line per epoch on stdout, e.g.::
+
+    epoch 3  loss 0.2147  accuracy 0.9444  time 0.412s  save 0.012s
+
+Only process 0 of a multi-process job displays; every process keeps the
+history. This module and the CLI are the only parts of jaxjob that print.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["Progress", "check_names", "format_line"]
+
+
+def check_names(progress: Any) -> tuple[str, ...] | None:
+    """Validates ``JobRunner``'s ``progress`` argument.
+
+    Raises:
+        TypeError: If it is not None or a sequence of names (a bare string is refused).
+    """
+    if progress is None:
+        return None
+    if isinstance(progress, str) or not isinstance(progress, Sequence):
+        raise TypeError(
+            "progress must be None or a list of names of scalar epoch outputs or leaves, "
+            f'e.g. ["loss"], got {progress!r}'
+        )
+    bad = [name for name in progress if not isinstance(name, str) or not name]
+    if bad:
+        raise TypeError(f"progress: names must be non-empty strings, got {bad!r}")
+    return tuple(progress)
+
+
+def _scalar(name: str, ws: Mapping[str, Any], epoch: int) -> float:
+    if name not in ws:
+        raise KeyError(
+            f"progress name {name!r} is neither an output nor a leaf of epoch {epoch}; "
+            f"the epoch has {sorted(ws)}"
+        )
+    value = ws[name]
+    if not jax.tree_util.all_leaves([value]) or np.size(value) != 1:
+        raise ValueError(
+            f"progress name {name!r} must be a scalar, got {type(value).__name__} of shape "
+            f"{np.shape(value)} at epoch {epoch}"
+        )
+    return float(np.asarray(value).reshape(()))
+
+
+def format_line(record: Mapping[str, Any]) -> str:
+    """One plain progress line for a history record.
+
+    Example:
+        >>> format_line({"epoch": 3, "loss": 0.25, "epoch_time_s": 0.5, "save_time_s": 0.01})
+        'epoch 3  loss 0.2500  time 0.500s  save 0.010s'
+    """
+    values = [
+        f"{k} {v:.4g}" if abs(v) >= 1e4 or (v and abs(v) < 1e-3) else f"{k} {v:.4f}"
+        for k, v in record.items()
+        if k not in ("epoch", "epoch_time_s", "save_time_s")
+    ]
+    return "  ".join(
+        [
+            f"epoch {record['epoch']}",
+            *values,
+            f"time {record['epoch_time_s']:.3f}s",
+            f"save {record['save_time_s']:.3f}s",
+        ]
+    )
+
+
+def _in_notebook() -> bool:
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+class Progress:
+    """Records each epoch in ``history`` and displays it (bar or plain line).
+
+    Args:
+        names: The scalar names to show and record, or None (record the
+            epoch and its times only; show nothing).
+        history: The list the records are appended to.
+        total: The epoch limit, if known (the bar's length).
+        display: Whether this process shows progress (process 0 does).
+
+    Example:
+        >>> import io, contextlib
+        >>> history = []
+        >>> progress = Progress(["loss"], history, display=True)
+        >>> with contextlib.redirect_stdout(io.StringIO()) as out:
+        ...     _ = progress.epoch_done(1, {"loss": 0.5}, epoch_time_s=0.25, save_time_s=0.0)
+        ...     progress.close()
+        >>> history
+        [{'epoch': 1, 'loss': 0.5, 'epoch_time_s': 0.25, 'save_time_s': 0.0}]
+        >>> out.getvalue().splitlines()
+        ['epoch 1  loss 0.5000  time 0.250s  save 0.000s']
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str] | None,
+        history: list[dict[str, Any]],
+        *,
+        total: int | None = None,
+        display: bool = True,
+    ) -> None:
+        self.names = tuple(names or ())
+        self.history = history
+        self.total = total
+        self.display = display and names is not None
+        self._bar: Any = None
+
+    def epoch_done(
+        self, epoch: int, ws: Mapping[str, Any], *, epoch_time_s: float, save_time_s: float
+    ) -> dict[str, Any]:
+        """Records epoch ``epoch`` (its run's workspace ``ws``), shows it and returns the record.
+
+        Raises:
+            KeyError: If a name is not in ``ws``.
+            ValueError: If a name's value is not a scalar.
+        """
+        record: dict[str, Any] = {"epoch": epoch}
+        record.update({name: _scalar(name, ws, epoch) for name in self.names})
+        record.update(epoch_time_s=epoch_time_s, save_time_s=save_time_s)
+        self.history.append(record)
+        if self.display:
+            self._show(record)
+        return record
+
+    def _show(self, record: dict[str, Any]) -> None:
+        if not (sys.stdout.isatty() or _in_notebook()):
+            print(format_line(record), file=sys.stdout, flush=True)
+            return
+        if self._bar is None:
+            from tqdm.auto import tqdm
+
+            start = record["epoch"] - 1
+            self._bar = tqdm(total=self.total, initial=start, unit="epoch", file=sys.stdout)
+        self._bar.set_description(f"epoch {record['epoch']}", refresh=False)
+        self._bar.set_postfix_str(format_line(record).split("  ", 1)[1], refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        """Closes the bar, if one is shown."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

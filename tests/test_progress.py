@@ -1,0 +1,136 @@
+"""Progress: one line per epoch (or a bar in a terminal), runner.history, and few log lines."""
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+
+import jax.numpy as jnp
+import pytest
+
+import jaxjob
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "progress_job.py")
+TIMES = r"time \d+\.\d{3}s  save \d+\.\d{3}s"
+LINES = [
+    rf"epoch 1  loss 1\.0000  accuracy 0\.0000  {TIMES}",
+    rf"epoch 2  loss 0\.5000  accuracy 0\.2500  {TIMES}",
+]
+
+
+def _child(*args, **kwargs):
+    kwargs.setdefault("capture_output", True)
+    proc = subprocess.run([sys.executable, *args], text=True, timeout=300, **kwargs)
+    assert proc.returncode == 0, (proc.stdout or "")[-2000:] + (proc.stderr or "")[-2000:]
+    return proc
+
+
+def test_plain_line_per_epoch_and_few_info_lines_when_not_a_terminal(tmp_path):
+    """Piped stdout gets one plain line per epoch; at INFO jaxjob logs one line, Orbax none."""
+    proc = _child(SCRIPT, str(tmp_path))
+    lines = proc.stdout.splitlines()
+    assert len(lines) == len(LINES)
+    for line, pattern in zip(lines, LINES, strict=True):
+        assert re.fullmatch(pattern, line), line
+    logged = [line for line in proc.stderr.splitlines() if not line.startswith("INFO:jax._src")]
+    assert logged == ["INFO:jaxjob.runner:Finished training at epoch 2"]
+
+
+def test_orbax_info_lines_come_back_on_request(tmp_path):
+    """logging.getLogger("absl").setLevel(logging.INFO) shows Orbax's INFO lines again."""
+    proc = _child(SCRIPT, str(tmp_path), "absl")
+    assert sum(line.startswith("INFO:absl:") for line in proc.stderr.splitlines()) > 20
+
+
+def test_progress_bar_in_a_terminal(tmp_path):
+    """With stdout a terminal, a tqdm bar counts epochs up to the epoch limit, with the values."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, str(tmp_path)],
+        stdout=terminal,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert proc.wait(timeout=300) == 0
+    os.close(controller)
+    screen = b"".join(chunks).decode()
+    assert "\r" in screen
+    assert re.search(rf"epoch 2: 100%.*\| 2/2 .*loss 0\.5000  accuracy 0\.2500  {TIMES}", screen)
+    assert not re.search(r"^epoch 1  loss", screen, re.MULTILINE)  # no plain lines
+
+
+def test_only_process_zero_displays(tmp_path):
+    """Under `jaxjob launch -n 2` only process 0 prints progress lines."""
+    launch = ["-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable, SCRIPT, str(tmp_path)]
+    lines = [line for line in _child(*launch).stdout.splitlines() if "] epoch " in line]
+    assert len(lines) == 2
+    for line, pattern in zip(lines, LINES, strict=True):
+        assert re.fullmatch(r"\[process=0\] " + pattern, line), line
+
+
+def _job(epochs):
+    job = jaxjob.Job()
+    job.init_group.add(lambda ws: {"x": jnp.zeros(())})
+    job.epoch_group.add(lambda ws: {"x": ws["x"] + 1, "loss": 10.0 - ws["x"]})
+    jaxjob.epoch_limiter(job, epochs)
+    return job
+
+
+def test_history_keeps_values_and_times_per_epoch(tmp_path, capsys):
+    """runner.history: a dict per epoch run, with the progress values as floats and the times."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    runner = jaxjob.JobRunner(_job(3), ckpt, progress=["loss", "x"])
+    runner.train(jaxjob.Session())
+    assert [(r["epoch"], r["loss"], r["x"]) for r in runner.history] == [
+        (1, 10.0, 1.0),
+        (2, 9.0, 2.0),
+        (3, 8.0, 3.0),
+    ]
+    for record in runner.history:
+        assert list(record) == ["epoch", "loss", "x", "epoch_time_s", "save_time_s"]
+        assert type(record["loss"]) is float
+        assert 0 < record["save_time_s"] <= record["epoch_time_s"]
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    more = jaxjob.JobRunner(_job(4), jaxjob.CheckpointManager(str(tmp_path)), progress=["loss"])
+    more.train(jaxjob.Session())
+    assert [(r["epoch"], r["loss"]) for r in more.history] == [(4, 7.0)]
+
+
+def test_without_progress_history_keeps_times_and_nothing_prints(capsys):
+    """progress=None: history has the epoch and its times only (no device sync), no output."""
+    runner = jaxjob.JobRunner(_job(2))
+    runner.train(jaxjob.Session())
+    assert [list(r) for r in runner.history] == [["epoch", "epoch_time_s", "save_time_s"]] * 2
+    assert [r["save_time_s"] for r in runner.history] == [0.0, 0.0]
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    "progress, error, message",
+    [
+        ("loss", TypeError, r"progress must be None or a list of names .* got 'loss'"),
+        (["loss", 3], TypeError, r"progress: names must be non-empty strings, got \[3\]"),
+        (["los"], KeyError, r"progress name 'los' is neither an output nor a leaf of epoch 1"),
+        (["x_vec"], ValueError, r"progress name 'x_vec' must be a scalar, got .* shape \(2,\)"),
+    ],
+)
+def test_bad_progress_names_raise(progress, error, message):
+    """A bare string, a non-string, an unknown name or a non-scalar value: a clear error."""
+    job = _job(1)
+    job.epoch_group.add(lambda ws: {"x_vec": jnp.zeros(2)})
+    with pytest.raises(error, match=message):
+        jaxjob.JobRunner(job, progress=progress).train(jaxjob.Session())
