@@ -63,7 +63,10 @@ def loss_fn(params, x, y):
 def build_job(train, test, num_epochs):
     (x_train, y_train), (x_test, y_test) = train, test
     steps = len(x_train) // BATCH
-    # One mesh axis over every device of every process: batches are split over it.
+    # One mesh axis over every device of every process: batches are split over it. Auto axes,
+    # because the tasks place arrays with jax.lax.with_sharding_constraint and let XLA lay out
+    # the rest; that refuses Explicit axes, jax.make_mesh's default in JAX 0.10. With Explicit
+    # axes, pass the mesh to JobRunner(..., mesh=mesh) and use jax.sharding.reshard(x, P(...)).
     mesh = jax.make_mesh(
         (jax.device_count(),), ("batch",), axis_types=(jax.sharding.AxisType.Auto,)
     )
@@ -104,30 +107,6 @@ def build_job(train, test, num_epochs):
     return job
 
 
-class Progress:
-    """Prints epoch, loss, accuracy and checkpoint time (a host task at the end of each epoch)."""
-
-    def __init__(self, ckpt):
-        self.ckpt = ckpt
-        self.last = time.perf_counter()
-
-    def __call__(self, ws):
-        now = time.perf_counter()
-        if jax.process_index() != 0:
-            return
-        stats = {}
-        if self.ckpt is not None:
-            self.ckpt.collect_checkpoint_stats(stats)
-        ckpt_s = sum(s.get("duration_s", 0.0) for s in stats.values())
-        print(
-            f"epoch {int(ws[jaxjob.job.EPOCH_COUNTER]):3d}  loss {float(ws['loss']):.4f}  "
-            f"accuracy {float(ws['accuracy']):.4f}  epoch {now - self.last:.3f}s  "
-            f"previous save {ckpt_s * 1000:.1f}ms",
-            flush=True,
-        )
-        self.last = now
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10, help="total epochs (default 10)")
@@ -139,10 +118,10 @@ def main(argv=None):
     train, test = load_data()
     job = build_job(train, test, args.epochs)
     ckpt = None if args.no_checkpoint else jaxjob.CheckpointManager(args.ckpt_dir)
-    job.epoch_group.add(Progress(ckpt), jit=False, name="progress")
     session = jaxjob.Session()
     start = time.perf_counter()
-    last = jaxjob.JobRunner(job, ckpt).train(session)
+    runner = jaxjob.JobRunner(job, ckpt, progress=["loss", "accuracy"])  # a line or bar per epoch
+    last = runner.train(session)
     params = session.workspace["params"]
     _, (x_test, y_test) = train, test
     accuracy = float((predict(params, x_test).argmax(-1) == y_test).mean())
