@@ -3,8 +3,9 @@
 ``JobRunner(..., progress=["loss", "accuracy"])`` shows, after every epoch,
 the epoch, those values (epoch outputs or persistent leaves, scalars), the
 epoch's wall time and the part of it the training thread spent saving. Where
-stdout is a terminal, or in Jupyter, that is a ``tqdm.auto`` bar (a widget in
-a notebook); otherwise one plain line per epoch on stdout, e.g.::
+stdout is a terminal, or in Jupyter with ``ipywidgets`` installed, that is a
+``tqdm.auto`` bar (a widget in a notebook); otherwise one plain line per
+epoch on stdout, e.g.::
 
     epoch 3  loss 0.2147  accuracy 0.9444  time 0.412s  save 0.012s
 
@@ -14,6 +15,7 @@ history. This module and the CLI are the only parts of jaxjob that print.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -80,9 +82,14 @@ def format_line(record: Mapping[str, Any]) -> str:
     )
 
 
-def _in_notebook() -> bool:
+def _live_bar() -> bool:
+    """A terminal, or a Jupyter kernel that can show tqdm's widget (else tqdm would warn)."""
+    if sys.stdout.isatty():
+        return True
     shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+    if shell is None or "IPKernelApp" not in getattr(shell, "config", {}):
+        return False
+    return importlib.util.find_spec("ipywidgets") is not None
 
 
 class Progress:
@@ -140,7 +147,7 @@ class Progress:
         return record
 
     def _show(self, record: dict[str, Any]) -> None:
-        if not (sys.stdout.isatty() or _in_notebook()):
+        if self._bar is None and not _live_bar():
             print(format_line(record), file=sys.stdout, flush=True)
             return
         if self._bar is None:

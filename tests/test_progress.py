@@ -1,6 +1,7 @@
 """Progress: one line per epoch (or a bar in a terminal), runner.history, and few log lines."""
 
 import fcntl
+import importlib.util
 import os
 import pty
 import re
@@ -73,6 +74,7 @@ def test_progress_bar_in_a_terminal(tmp_path):
     assert not re.search(r"^epoch 1  loss", screen, re.MULTILINE)  # no plain lines
 
 
+@pytest.mark.slow  # two processes joining a jax.distributed job: ~28 s on a loaded machine
 def test_only_process_zero_displays(tmp_path):
     """Under `jaxjob launch -n 2` only process 0 prints progress lines."""
     launch = ["-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable, SCRIPT, str(tmp_path)]
@@ -134,3 +136,28 @@ def test_bad_progress_names_raise(progress, error, message):
     job.epoch_group.add(lambda ws: {"x_vec": jnp.zeros(2)})
     with pytest.raises(error, match=message):
         jaxjob.JobRunner(job, progress=progress).train(jaxjob.Session())
+
+
+@pytest.mark.slow  # a kernel start: ~20 s on a loaded 2-core machine
+def test_progress_in_a_jupyter_kernel(tmp_path):
+    """In a Jupyter kernel: tqdm's widget with ipywidgets installed, else plain lines (no
+    tqdm warning about the missing widget)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    code = f"import sys, runpy\nsys.argv = ['progress_job.py', {str(tmp_path)!r}]\n"
+    code += f"_ = runpy.run_path({SCRIPT!r})"
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3").execute()
+    outputs = notebook.cells[0].outputs
+    stdout = "".join(o.get("text", "") for o in outputs if o.get("name") == "stdout")
+    widgets = [
+        o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    ]
+    if importlib.util.find_spec("ipywidgets") is None:
+        assert not widgets and "IProgress" not in str(outputs)
+        lines = stdout.splitlines()
+        assert len(lines) == len(LINES)
+        for line, pattern in zip(lines, LINES, strict=True):
+            assert re.fullmatch(pattern, line), line
+    else:
+        assert len(widgets) == 1 and "epoch 1  loss" not in stdout
