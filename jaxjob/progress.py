@@ -25,12 +25,15 @@ import numpy as np
 
 __all__ = ["Progress", "check_names", "format_line"]
 
+RESERVED = ("epoch", "epoch_time_s", "save_time_s")  # history keys of every record
+
 
 def check_names(progress: Any) -> tuple[str, ...] | None:
     """Validates ``JobRunner``'s ``progress`` argument.
 
     Raises:
         TypeError: If it is not None or a sequence of names (a bare string is refused).
+        ValueError: If a name is one of the history's own keys, or repeated.
     """
     if progress is None:
         return None
@@ -42,6 +45,12 @@ def check_names(progress: Any) -> tuple[str, ...] | None:
     bad = [name for name in progress if not isinstance(name, str) or not name]
     if bad:
         raise TypeError(f"progress: names must be non-empty strings, got {bad!r}")
+    clash = sorted({n for n in progress if n in RESERVED or list(progress).count(n) > 1})
+    if clash:
+        raise ValueError(
+            f"progress: names {clash} are repeated or clash with the history's own keys "
+            f"{list(RESERVED)}; rename those outputs"
+        )
     return tuple(progress)
 
 
@@ -70,7 +79,7 @@ def format_line(record: Mapping[str, Any]) -> str:
     values = [
         f"{k} {v:.4g}" if abs(v) >= 1e4 or (v and abs(v) < 1e-3) else f"{k} {v:.4f}"
         for k, v in record.items()
-        if k not in ("epoch", "epoch_time_s", "save_time_s")
+        if k not in RESERVED
     ]
     return "  ".join(
         [

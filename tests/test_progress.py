@@ -126,12 +126,13 @@ def test_without_progress_history_keeps_times_and_nothing_prints(capsys):
     [
         ("loss", TypeError, r"progress must be None or a list of names .* got 'loss'"),
         (["loss", 3], TypeError, r"progress: names must be non-empty strings, got \[3\]"),
+        (["loss", "epoch"], ValueError, r"progress: names \['epoch'\] are repeated or clash"),
         (["los"], KeyError, r"progress name 'los' is neither an output nor a leaf of epoch 1"),
         (["x_vec"], ValueError, r"progress name 'x_vec' must be a scalar, got .* shape \(2,\)"),
     ],
 )
 def test_bad_progress_names_raise(progress, error, message):
-    """A bare string, a non-string, an unknown name or a non-scalar value: a clear error."""
+    """A bare string, a non-string, a reserved name, an unknown name or a non-scalar: an error."""
     job = _job(1)
     job.epoch_group.add(lambda ws: {"x_vec": jnp.zeros(2)})
     with pytest.raises(error, match=message):
