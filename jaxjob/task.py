@@ -87,9 +87,10 @@ class Task:
             ``jax.jit``; False calls it on the host; None takes the group's
             default.
         name: A name for logs and errors; defaults to ``fn.__name__``. A
-            group holds one task per name: a task named like one already in
-            its group replaces that one, with a ``UserWarning`` (a re-run
-            notebook cell). Lambdas and unnamed callables never replace.
+            group holds one task per name and node: a task named like one
+            already in its group, in the same :class:`Node`, replaces that
+            one, with a ``UserWarning`` (a re-run notebook cell). Lambdas and
+            unnamed callables never replace.
 
     Example:
         >>> group = TaskGroup()
@@ -174,12 +175,13 @@ class TaskGroup(_Context):
         return f"TaskGroup({self.name!r}, tasks={[t.name for t in self.tasks]})"
 
     def _append(self, task: Task) -> None:
-        """Appends ``task``, or replaces the task of the same name (warning)."""
+        """Appends ``task``, or replaces the task of the same name and node (warning)."""
         for i, old in enumerate(self.tasks):
-            if task._replaceable and old.name == task.name:
+            if task._replaceable and (old.name, old.node) == (task.name, task.node):
+                where = "" if task.node == DEFAULT_NODE else f" in node {task.node!r}"
                 warn(
-                    f"group {self.name!r} already has a task named {task.name!r}: the new one "
-                    "replaces it (a re-run notebook cell?); give distinct tasks distinct names"
+                    f"group {self.name!r} already has a task named {task.name!r}{where}: the new "
+                    "one replaces it (a re-run notebook cell?); give distinct tasks distinct names"
                 )
                 self.tasks[i] = task
                 return

@@ -134,6 +134,28 @@ def test_rerun_notebook_cell_replaces_the_task_with_a_warning():
     assert float(session.workspace["x"]) == 3.0
 
 
+def test_same_task_name_in_different_nodes_keeps_both():
+    """A factory adding task 'init' for each node keeps one per node, without a warning."""
+    job = jaxjob.Job()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for node in ("trainer_0", "trainer_1"):
+            with jaxjob.Node(node):
+
+                @job.init_group.task
+                def init(ws, node=node):
+                    return {f"{node}/x": jnp.zeros(())}
+
+    assert [(t.name, t.node) for t in job.init_group.tasks] == [
+        ("init", "trainer_0"),
+        ("init", "trainer_1"),
+    ]
+    replaced = r"task named 'init' in node 'trainer_1'"
+    with pytest.warns(UserWarning, match=replaced), jaxjob.Node("trainer_1"):
+        job.init_group.add(init)
+    assert len(job.init_group.tasks) == 2
+
+
 def test_epoch_limiter_again_replaces_the_limit():
     """epoch_limiter(job, 3) after epoch_limiter(job, 2) trains 3 epochs, not 2."""
     job = _job()
