@@ -1,0 +1,149 @@
+"""Key-path patterns: which subtrees of a checkpoint ``leaves=`` selects, with no JAX involved.
+
+A key path is the ``/``-joined list of the dict keys and sequence indices
+from a persistent name down to a subtree: ``"params/layers/3/w"``. A pattern
+is a key path whose segments may hold ``*`` (any characters within one
+segment, as in :mod:`fnmatch`) or be ``**`` (any number of segments, none
+included). A pattern selects the outermost subtrees it matches: ``"params"``
+and ``"params/**"`` both select the whole of ``params``.
+
+Paths are read from the manifest's JSON tree structures
+(:mod:`jaxjob.manifest`), so selecting reads no array data. This module
+imports neither JAX nor Orbax (the ``jaxjob`` command uses it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+__all__ = ["Selection", "join", "leaf_names", "match", "nodes", "select", "split"]
+
+
+def split(path: str) -> tuple[str, ...]:
+    """The segments of a ``/``-joined key path (empty segments dropped).
+
+    Example:
+        >>> split("params/layers/3/w")
+        ('params', 'layers', '3', 'w')
+    """
+    return tuple(s for s in path.split("/") if s)
+
+
+def join(segments: Iterable[Any]) -> str:
+    """The ``/``-joined key path of ``segments``."""
+    return "/".join(str(s) for s in segments)
+
+
+def _key_text(key: Any) -> str:
+    """A dict key of the manifest structure as a segment: ``{"int": 3}`` -> ``"3"``."""
+    if isinstance(key, dict):
+        return str(key.get("int", key.get("bool")))
+    return str(key)
+
+
+def _children(structure: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    if "dict" in structure:
+        return [(_key_text(k), v) for k, v in structure["dict"]]
+    items = structure.get("tuple", structure.get("list", []))
+    return [(str(i), v) for i, v in enumerate(items)]
+
+
+def nodes(structure: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple]:
+    """Every node of a manifest structure, parents first: ``(segments, substructure)``."""
+    yield prefix, structure
+    for key, child in _children(structure):
+        yield from nodes(child, (*prefix, key))
+
+
+def leaf_names(structure: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple]:
+    """The leaves under a manifest structure, in order: ``(segments, stored name)``."""
+    return [(segs, s["leaf"]) for segs, s in nodes(structure, prefix) if "leaf" in s]
+
+
+def match(pattern: tuple[str, ...], segments: tuple[str, ...]) -> bool:
+    """Whether ``segments`` matches ``pattern`` (segments with ``*``; ``**`` for any number).
+
+    Example:
+        >>> match(split("model/**/w"), split("model/layers/10/w"))
+        True
+        >>> match(split("model/layers/1*/w"), split("model/layers/2/w"))
+        False
+    """
+    if not pattern:
+        return not segments
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(match(rest, segments[i:]) for i in range(len(segments) + 1))
+    return bool(segments) and fnmatch.fnmatchcase(segments[0], head) and match(rest, segments[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """One selected subtree.
+
+    Attributes:
+        key: Where it comes back: the name, or the ``/``-joined key path.
+        name: The persistent name it lies under.
+        segments: Its key path under ``name``.
+        structure: Its manifest (JSON) tree structure.
+    """
+
+    key: str
+    name: str
+    segments: tuple[str, ...]
+    structure: Any
+
+
+def _outermost(found: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    kept: list[tuple[str, ...]] = []
+    for segs in found:  # parents come first
+        if not any(segs[: len(k)] == k for k in kept):
+            kept.append(segs)
+    return kept
+
+
+def select_one(state: Mapping[str, Any], pattern: str) -> list[Selection]:
+    """The outermost subtrees of ``state`` (name -> structure) that ``pattern`` matches."""
+    wanted = split(pattern)
+    every = {segs: s for name, st in state.items() for segs, s in nodes(st, (name,))}
+    chosen = _outermost([segs for segs in every if match(wanted, segs)])
+    return [Selection(join(segs), segs[0], segs[1:], every[segs]) for segs in chosen]
+
+
+def close_names(state: Mapping[str, Any], pattern: str, n: int = 5) -> list[str]:
+    """Key paths of ``state`` that look like ``pattern`` (for error messages)."""
+    paths = [join(segs) for name, st in state.items() for segs, _ in nodes(st, (name,))]
+    close = difflib.get_close_matches(pattern, paths, n=n, cutoff=0.5)
+    return close or sorted(state)[:n]
+
+
+def select(
+    state: Mapping[str, Any], patterns: Iterable[str], *, where: str = ""
+) -> dict[str, Selection]:
+    """The subtrees that ``patterns`` select, by key, in pattern order.
+
+    ``where`` (e.g. ``" in the checkpoint at '/runs/x'"``) goes into the error.
+
+    Raises:
+        KeyError: If a pattern matches nothing (listing close key paths).
+
+    Example:
+        >>> layer = {"dict": [["w", {"leaf": "l0"}]]}
+        >>> state = {"model": {"list": [layer] * 12}}
+        >>> list(select(state, ["model/1*/w"]))
+        ['model/1/w', 'model/10/w', 'model/11/w']
+    """
+    chosen: dict[str, Selection] = {}
+    for pattern in patterns:
+        found = select_one(state, pattern)
+        if not found:
+            raise KeyError(
+                f"leaves [{pattern!r}] match nothing{where}; close key paths: "
+                f"{close_names(state, pattern)}; available: {sorted(state)}"
+            )
+        chosen.update((s.key, s) for s in found)
+    return chosen
