@@ -9,7 +9,7 @@ attribute names and sequence indices, whatever the container type), each
 checked for shape and dtype. A target leaf that is not an array (an equinox
 module's activation function) and that the checkpoint does not hold is passed
 through unchanged. An ``nnx.Variable`` 's ``value`` matches a stored plain
-leaf (a state saved with ``to_pure_dict()``).
+leaf (a state saved with ``nnx.to_pure_dict``).
 """
 
 from __future__ import annotations
@@ -130,12 +130,20 @@ def plan(
     stored = keypaths.leaf_names(selection.structure, selection.segments)
     if has_target:
         return _target_plan(selection, stored, specs, rule, target, where)
-    abstracts = {name: _abstract(specs[name].abstract(), rule.get(segs)) for segs, name in stored}
+    abstracts = {
+        name: _abstract(specs[name].abstract(), rule.get(segs), specs[name])
+        for segs, name in stored
+    }
     return Plan(abstracts, lambda leaves: codec.unflatten(selection.structure, leaves))
 
 
-def _abstract(leaf: Any, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
+def _abstract(
+    leaf: Any, sharding: jax.sharding.Sharding, spec: codec.LeafSpec
+) -> jax.ShapeDtypeStruct:
+    try:
+        return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
+    except ValueError as err:
+        raise ValueError(f"sharding of {spec.path} (shape {spec.shape}): {err}") from None
 
 
 def _is_array_like(leaf: Any) -> bool:
@@ -161,7 +169,7 @@ def _target_plan(selection, stored, specs, rule, target, where) -> Plan:
             continue
         _check_leaf(leaf, specs[name], where)
         sharding = getattr(leaf, "sharding", None) or rule.get(segs)
-        abstracts[name] = _abstract(specs[name].abstract(), sharding)
+        abstracts[name] = _abstract(specs[name].abstract(), sharding, specs[name])
     extra = [specs[n].path for _, n in stored if n not in abstracts]
     if lacking or extra:
         raise ValueError(
