@@ -20,7 +20,17 @@ import fnmatch
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["Selection", "join", "leaf_names", "match", "nodes", "select", "split"]
+__all__ = [
+    "Selection",
+    "entry_segments",
+    "join",
+    "leaf_names",
+    "match",
+    "nodes",
+    "select",
+    "split",
+    "whole",
+]
 
 
 def split(path: str) -> tuple[str, ...]:
@@ -36,6 +46,19 @@ def split(path: str) -> tuple[str, ...]:
 def join(segments: Iterable[Any]) -> str:
     """The ``/``-joined key path of ``segments``."""
     return "/".join(str(s) for s in segments)
+
+
+def entry_segments(path: Iterable[Any]) -> tuple[str, ...]:
+    """The segments of a JAX key path (``DictKey``, ``GetAttrKey``, ``SequenceKey``, ...)."""
+    out = []
+    for entry in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(entry, attr):
+                out.append(str(getattr(entry, attr)))
+                break
+        else:
+            out.append(str(entry))
+    return tuple(out)
 
 
 def _key_text(key: Any) -> str:
@@ -106,25 +129,42 @@ def _outermost(found: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
     return kept
 
 
+def _every_node(state: Mapping[str, Any]) -> dict[tuple[str, ...], tuple[str, tuple, Any]]:
+    """Every node by its full key path: ``(name, segments under it, substructure)``.
+
+    A name holding ``/`` (``"jaxjob/epochs_done"``) is that many segments.
+    """
+    return {
+        (*split(name), *segs): (name, segs, s)
+        for name, st in state.items()
+        for segs, s in nodes(st)
+    }
+
+
 def select_one(state: Mapping[str, Any], pattern: str) -> list[Selection]:
     """The outermost subtrees of ``state`` (name -> structure) that ``pattern`` matches."""
     wanted = split(pattern)
-    every = {segs: s for name, st in state.items() for segs, s in nodes(st, (name,))}
-    chosen = _outermost([segs for segs in every if match(wanted, segs)])
-    return [Selection(join(segs), segs[0], segs[1:], every[segs]) for segs in chosen]
+    every = _every_node(state)
+    chosen = _outermost([full for full in every if match(wanted, full)])
+    return [Selection(join(full), *every[full]) for full in chosen]
 
 
 def close_names(state: Mapping[str, Any], pattern: str, n: int = 5) -> list[str]:
     """Key paths of ``state`` that look like ``pattern`` (for error messages)."""
-    paths = [join(segs) for name, st in state.items() for segs, _ in nodes(st, (name,))]
+    paths = [join(full) for full in _every_node(state)]
     close = difflib.get_close_matches(pattern, paths, n=n, cutoff=0.5)
     return close or sorted(state)[:n]
 
 
+def whole(state: Mapping[str, Any]) -> dict[str, Selection]:
+    """Every name of ``state``, whole."""
+    return {name: Selection(name, name, (), s) for name, s in state.items()}
+
+
 def select(
-    state: Mapping[str, Any], patterns: Iterable[str], *, where: str = ""
+    state: Mapping[str, Any], patterns: Iterable[str] | None, *, where: str = ""
 ) -> dict[str, Selection]:
-    """The subtrees that ``patterns`` select, by key, in pattern order.
+    """The subtrees that ``patterns`` select (None: every name), by key, in pattern order.
 
     ``where`` (e.g. ``" in the checkpoint at '/runs/x'"``) goes into the error.
 
@@ -137,6 +177,8 @@ def select(
         >>> list(select(state, ["model/1*/w"]))
         ['model/1/w', 'model/10/w', 'model/11/w']
     """
+    if patterns is None:
+        return whole(state)
     chosen: dict[str, Selection] = {}
     for pattern in patterns:
         found = select_one(state, pattern)

@@ -12,7 +12,7 @@ from jaxjob.hostlocal import HostMap
 from jaxjob.layout import committed_epochs, db_name, is_committed
 from jaxjob.workspace import Workspace
 
-__all__ = ["restore"]
+__all__ = ["checkpoint_dirs", "restore"]
 
 _ENTRY = re.compile(r"(.+)\.(\d+)")
 
@@ -24,8 +24,18 @@ def _nodes_under(db_prefix: str) -> list[str]:
     return sorted({m.group(1) for e in entries if (m := _ENTRY.fullmatch(e))})
 
 
-def _checkpoint_dirs(path: str, epoch: int | None, node_name: str | None) -> list[str]:
-    """The checkpoint directories to read: ``path`` itself, or one per node under a db_prefix."""
+def checkpoint_dirs(path: str | os.PathLike, epoch: int | None, node_name: str | None) -> list[str]:
+    """The checkpoint directories to read: ``path`` itself, or one per node under a db_prefix.
+
+    Under a db_prefix: ``epoch``, by default the latest committed for every
+    node, of ``node_name``, by default every node.
+
+    Raises:
+        FileNotFoundError: If there is no such committed checkpoint (listing
+            the committed epochs).
+        ValueError: If ``epoch`` or ``node_name`` is given with one checkpoint directory.
+    """
+    path = fs.normalize(path, "path")
     if fs.exists(fs.join(path, manifest.MANIFEST_ITEM)):
         if not is_committed(path):
             raise FileNotFoundError(f"{path!r} is not a committed checkpoint (no commit marker)")
@@ -136,10 +146,10 @@ def restore(
         raise TypeError(f"leaves must be a list of names or key paths, got the string {leaves!r}")
     if target is not None and not isinstance(target, Mapping):
         raise TypeError(f"target must be a mapping from key to pytree, got {type(target).__name__}")
-    dirs = _checkpoint_dirs(fs.normalize(path, "path"), epoch, node_name)
+    dirs = checkpoint_dirs(path, epoch, node_name)
     manifests = {d: manifest.read(d) for d in dirs}
     state = {k: v for m in manifests.values() for k, v in m.state.items()}
-    patterns = list(leaves) if leaves is not None else list(target or state)
+    patterns = list(leaves) if leaves is not None else (list(target) if target else None)
     chosen = keypaths.select(state, patterns, where=f" in the checkpoint at {str(path)!r}")
     unused = [k for k in target or {} if k not in chosen]
     if unused:

@@ -26,18 +26,6 @@ from jaxjob import codec, keypaths
 __all__ = ["Plan", "ShardingRule", "plan"]
 
 
-def _segments(path: tuple) -> tuple[str, ...]:
-    out = []
-    for entry in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(entry, attr):
-                out.append(str(getattr(entry, attr)))
-                break
-        else:
-            out.append(str(entry))
-    return tuple(out)
-
-
 def _is_value_attr(path: tuple) -> bool:
     return bool(path) and getattr(path[-1], "name", None) == "value"
 
@@ -86,7 +74,7 @@ class ShardingRule:
                     f"sharding at {where} must be a jax.sharding.Sharding (or None for the "
                     f"default device), got {type(leaf).__name__}"
                 )
-            entries.append(((*base, *_segments(path)), leaf))
+            entries.append(((*base, *keypaths.entry_segments(path)), leaf))
         return cls(tuple(entries) or (((), None),))
 
     def get(self, segments: tuple[str, ...]) -> jax.sharding.Sharding:
@@ -158,7 +146,7 @@ def _target_plan(selection, stored, specs, rule, target, where) -> Plan:
     abstracts: dict[str, jax.ShapeDtypeStruct] = {}
     lacking = []
     for path, leaf in flat:
-        segs = (*base, *_segments(path))
+        segs = (*base, *keypaths.entry_segments(path))
         if segs not in by_segments and _is_value_attr(path):
             segs = segs[:-1]
         name = by_segments.get(segs)
