@@ -44,10 +44,11 @@ class Node(_Context):
     """Names the node whose checkpoint holds the leaves that init tasks create inside it.
 
     Example:
-        >>> with Node("trainer_0"):
-        ...     Node.current()
+        >>> import jaxjob
+        >>> with jaxjob.Node("trainer_0"):
+        ...     jaxjob.Node.current()
         'trainer_0'
-        >>> Node.current()
+        >>> jaxjob.Node.current()
         'local'
     """
 
@@ -85,9 +86,10 @@ class Task:
         name: A name for logs and errors; defaults to ``fn.__name__``.
 
     Example:
-        >>> group = TaskGroup()
+        >>> import jaxjob
+        >>> group = jaxjob.TaskGroup()
         >>> with group:
-        ...     t = Task(lambda ws: {"x": 1}, jit=False, name="one")
+        ...     t = jaxjob.Task(lambda ws: {"x": 1}, jit=False, name="one")
         >>> [task.name for task in group.tasks]
         ['one']
     """
@@ -133,7 +135,8 @@ class TaskGroup(_Context):
         name: For logs.
 
     Example:
-        >>> group = TaskGroup(jit=False)
+        >>> import jaxjob
+        >>> group = jaxjob.TaskGroup(jit=False)
         >>> @group.task
         ... def one(ws):
         ...     return {"x": 1}

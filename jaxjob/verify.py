@@ -50,12 +50,11 @@ def verify(path: str | os.PathLike) -> list[str]:
 
     Example:
         >>> import tempfile, jax.numpy as jnp, jaxjob
-        >>> from jaxjob.verify import verify
         >>> prefix = tempfile.mkdtemp()
         >>> ckpt = jaxjob.CheckpointManager(prefix)
         >>> ckpt.save(0, {"params": {"w": jnp.ones(3)}})
         >>> ckpt.close()
-        >>> verify(prefix)
+        >>> verify(prefix)  # jaxjob.verify.verify
         []
     """
     return [line for d in checkpoints_under(path) for line in verify_checkpoint(d)]
