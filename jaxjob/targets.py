@@ -138,36 +138,41 @@ def _is_array_like(leaf: Any) -> bool:
     return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
 
 
-def _target_plan(selection, stored, specs, rule, target, where) -> Plan:
+def _match(selection: keypaths.Selection, stored: list[tuple], flat: list[tuple]) -> tuple:
+    """The stored leaf of each target leaf (None: passed through), and target leaves lacking one."""
     by_segments = {segs: name for segs, name in stored}
-    flat, treedef = jax.tree_util.tree_flatten_with_path(target)
-    base = selection.segments
-    slots: list[str | None] = []  # stored name of each target leaf, None: passed through
-    abstracts: dict[str, jax.ShapeDtypeStruct] = {}
+    slots: list[tuple[tuple[str, ...], str | None]] = []
     lacking = []
     for path, leaf in flat:
-        segs = (*base, *keypaths.entry_segments(path))
+        segs = (*selection.segments, *keypaths.entry_segments(path))
         if segs not in by_segments and _is_value_attr(path):
             segs = segs[:-1]
-        name = by_segments.get(segs)
-        slots.append(name)
-        if name is None:
-            if _is_array_like(leaf):
-                lacking.append(_where(selection) + jax.tree_util.keystr(path))
-            continue
-        _check_leaf(leaf, specs[name], where)
-        sharding = getattr(leaf, "sharding", None) or rule.get(segs)
-        abstracts[name] = _abstract(specs[name].abstract(), sharding, specs[name])
-    extra = [specs[n].path for _, n in stored if n not in abstracts]
+        slots.append((segs, by_segments.get(segs)))
+        if slots[-1][1] is None and _is_array_like(leaf):
+            lacking.append(_where(selection) + jax.tree_util.keystr(path))
+    return slots, lacking
+
+
+def _target_plan(selection, stored, specs, rule, target, where) -> Plan:
+    flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+    slots, lacking = _match(selection, stored, flat)
+    matched = {name for _, name in slots if name is not None}
+    extra = [specs[n].path for _, n in stored if n not in matched]
     if lacking or extra:
         raise ValueError(
             f"structure mismatch for {selection.key!r} in {where}: the target has leaves the "
             f"checkpoint lacks {lacking} and the checkpoint has leaves the target lacks {extra}"
         )
-    leaves_in = [leaf for _, leaf in flat]
+    abstracts: dict[str, jax.ShapeDtypeStruct] = {}
+    for (segs, name), (_, leaf) in zip(slots, flat, strict=True):
+        if name is not None:
+            _check_leaf(leaf, specs[name], where)
+            sharding = getattr(leaf, "sharding", None) or rule.get(segs)
+            abstracts[name] = _abstract(specs[name].abstract(), sharding, specs[name])
 
     def build(leaves: Mapping[str, Any]) -> Any:
-        values = [leaves[n] if n else x for n, x in zip(slots, leaves_in, strict=True)]
+        pairs = zip(slots, flat, strict=True)
+        values = [leaf if n is None else leaves[n] for (_, n), (_, leaf) in pairs]
         return jax.tree_util.tree_unflatten(treedef, values)
 
     return Plan(abstracts, build)
