@@ -95,9 +95,9 @@ class CheckpointManager(ManagerCore):
     others raise :class:`~jaxjob.hosts.HostTimeoutError` naming it.
 
     Example:
-        >>> import tempfile, jax.numpy as jnp
-        >>> ckpt = CheckpointManager(tempfile.mkdtemp())
-        >>> ckpt.save(0, Workspace({"w": jnp.ones(3)}))
+        >>> import tempfile, jax.numpy as jnp, jaxjob
+        >>> ckpt = jaxjob.CheckpointManager(tempfile.mkdtemp())
+        >>> ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(3)}))
         >>> ckpt.wait_until_finished()
         >>> ckpt.committed_epochs(), ckpt.load(0)["w"].tolist()
         ([0], [1.0, 1.0, 1.0])

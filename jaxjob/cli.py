@@ -1,108 +1,135 @@
-"""The ``jaxjob`` command line."""
+"""The ``jaxjob`` command line: ``ls``, ``show``, ``export``, ``verify`` and ``launch``.
+
+Parsing and ``--help`` import neither JAX nor Orbax; each subcommand imports
+what it needs when it runs (:mod:`jaxjob.commands`, :mod:`jaxjob.launch`). A
+user mistake (a missing directory, an unknown epoch, a pattern matching
+nothing) is one line on stderr and exit status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Sequence
-
-from jaxjob.launch import launch
+from collections.abc import Callable, Sequence
 
 __all__ = ["main"]
 
-
-def _human(size: float) -> str:
-    """A byte count for people: ``'1.5 MiB'``."""
-    if size < 1024:
-        return f"{size:.0f} B"
-    for unit in ("KiB", "MiB", "GiB"):
-        size /= 1024
-        if size < 1024:
-            return f"{size:.1f} {unit}"
-    return f"{size / 1024:.1f} TiB"
+USER_ERRORS = (OSError, ValueError, KeyError, TypeError)
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} s"
+def _add_selection(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "path", help="a checkpoint directory, or a db_prefix (its latest committed epoch)"
+    )
+    command.add_argument("--epoch", type=int, default=None, help="with a db_prefix: this epoch")
+    command.add_argument("--node", default=None, help="with a db_prefix: only this node")
+    command.add_argument(
+        "--leaves",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="a name or /-joined key path, * within a segment, ** across (repeatable)",
+    )
 
 
-def _age(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit, width in (("d", 86400), ("h", 3600), ("min", 60)):
-        if value >= width:
-            return f"{value / width:.1f} {unit}"
-    return f"{value:.0f} s"
+def _ls(commands) -> None:
+    command = commands.add_parser(
+        "ls",
+        help="list the checkpoints under a db_prefix (local, gs://, s3://)",
+        description="One row per checkpoint: node, epoch, committed, size, save time, age.",
+    )
+    command.add_argument("directory")
+    command.add_argument("--json", action="store_true", help="print JSON rows")
 
 
-def ls(directory: str, *, as_json: bool = False) -> int:
-    """Prints one row per checkpoint under ``directory``; returns the exit status."""
-    from jaxjob.listing import list_checkpoints
+def _show(commands) -> None:
+    command = commands.add_parser(
+        "show",
+        help="the leaves of a checkpoint: key path, shape, dtype, bytes, saved sharding",
+        description="A table of a checkpoint's leaves (key path, shape, dtype, bytes, the "
+        "sharding it was saved with) and totals.",
+    )
+    _add_selection(command)
 
-    rows = [row.to_json() for row in list_checkpoints(directory)]
-    if as_json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    table = [("node", "epoch", "committed", "size", "save", "age")]
-    for r in rows:
-        table.append(
-            (
-                r["node"],
-                str(r["epoch"]),
-                "yes" if r["committed"] else "no",
-                _human(r["size_bytes"]),
-                _seconds(r["save_s"]),
-                _age(r["age_s"]),
-            )
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    return 0
+
+def _export(commands) -> None:
+    command = commands.add_parser(
+        "export",
+        help="write leaves to .npz or .safetensors, keyed by /-joined key path",
+        description="Writes the selected leaves (default: all) to FILE.npz or FILE.safetensors "
+        "(needs the safetensors package), one array per leaf keyed by its /-joined key path. "
+        "PRNG keys are written as their key data; .npz stores bfloat16 and float8 as float32.",
+    )
+    _add_selection(command)
+    command.add_argument("-o", "--output", required=True, metavar="FILE")
+
+
+def _verify(commands) -> None:
+    command = commands.add_parser(
+        "verify",
+        help="check that checkpoints are intact (exit 0) or name each damaged leaf (exit 1)",
+        description="Checks one checkpoint directory, or every committed checkpoint under a "
+        "db_prefix: the commit marker, the manifest, and every leaf read on its own.",
+    )
+    command.add_argument("path")
+
+
+def _launch(commands) -> None:
+    command = commands.add_parser(
+        "launch",
+        help="run N local processes of one jax.distributed job",
+        description="jaxjob launch -n N [--devices-per-process M] -- python script.py ...",
+    )
+    command.add_argument("-n", "--num-processes", type=int, required=True)
+    command.add_argument("--devices-per-process", type=int, default=None)
+    command.add_argument("program", nargs=argparse.REMAINDER, help="-- then the command to run")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxjob", description="jaxjob command line")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser(
-        "launch",
-        help="run N local processes of one jax.distributed job",
-        description="jaxjob launch -n N [--devices-per-process M] -- python script.py ...",
-    )
-    run.add_argument("-n", "--num-processes", type=int, required=True)
-    run.add_argument("--devices-per-process", type=int, default=None)
-    run.add_argument("program", nargs=argparse.REMAINDER, help="-- then the command to run")
-    listing = commands.add_parser(
-        "ls",
-        help="list the checkpoints under a db_prefix (local, gs://, s3://)",
-        description="jaxjob ls DIR [--json]: node, epoch, committed, size, save time, age",
-    )
-    listing.add_argument("directory")
-    listing.add_argument("--json", action="store_true", help="print JSON rows")
+    for add in (_ls, _show, _export, _verify, _launch):
+        add(commands)
     return parser
+
+
+def _run_launch(args: argparse.Namespace) -> int:
+    from jaxjob.launch import launch
+
+    program = list(args.program)
+    if program[:1] == ["--"]:
+        program = program[1:]
+    return launch(
+        program, num_processes=args.num_processes, devices_per_process=args.devices_per_process
+    )
+
+
+def _command(args: argparse.Namespace) -> Callable[[], int]:
+    from jaxjob import commands
+
+    if args.command == "ls":
+        return lambda: commands.ls(args.directory, as_json=args.json)
+    if args.command == "verify":
+        return lambda: commands.verify(args.path)
+    selection = {"patterns": args.leaves, "epoch": args.epoch, "node": args.node}
+    if args.command == "show":
+        return lambda: commands.show(args.path, **selection)
+    return lambda: commands.export(args.path, args.output, **selection)
+
+
+def _one_line(err: BaseException) -> str:
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    return " ".join(str(text).split())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``jaxjob`` command; returns the exit status."""
     args = _parser().parse_args(argv)
-    if args.command == "ls":
-        try:
-            return ls(args.directory, as_json=args.json)
-        except (OSError, ValueError, TypeError) as err:
-            print(f"jaxjob ls: {err}", file=sys.stderr)
-            return 2
-    program = list(args.program)
-    if program[:1] == ["--"]:
-        program = program[1:]
+    run = (lambda: _run_launch(args)) if args.command == "launch" else _command(args)
     try:
-        return launch(
-            program,
-            num_processes=args.num_processes,
-            devices_per_process=args.devices_per_process,
-        )
-    except ValueError as err:
-        print(f"jaxjob launch: {err}", file=sys.stderr)
+        return run()
+    except USER_ERRORS as err:
+        print(f"jaxjob {args.command}: {_one_line(err)}", file=sys.stderr)
         return 2
 
 

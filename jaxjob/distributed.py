@@ -38,7 +38,8 @@ def initialize() -> None:
     other JAX call, on every process.
 
     Example:
-        >>> initialize()  # a plain process: nothing to join
+        >>> import jaxjob
+        >>> jaxjob.distributed.initialize()  # a plain process: nothing to join
         >>> jax.process_count()
         1
     """

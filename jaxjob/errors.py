@@ -14,7 +14,8 @@ class CheckpointSaveError(RuntimeError):
     single process); every process of the job raises or logs the same error.
 
     Example:
-        >>> err = CheckpointSaveError(3, "runs/x/local.3", OSError("disk full"))
+        >>> import jaxjob
+        >>> err = jaxjob.CheckpointSaveError(3, "runs/x/local.3", OSError("disk full"))
         >>> str(err)
         "saving checkpoint epoch 3 to 'runs/x/local.3' failed: OSError: disk full"
     """
@@ -37,7 +38,8 @@ class Preempted(RuntimeError):
     the job, which then resumes after ``epoch``.
 
     Example:
-        >>> str(Preempted(7))
+        >>> import jaxjob
+        >>> str(jaxjob.Preempted(7))
         'preempted: epoch 7 is saved and committed; run the job again to resume after it'
     """
 

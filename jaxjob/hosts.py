@@ -62,7 +62,8 @@ def exchange(what: str, payload: dict[str, Any], *, timeout_s: float) -> list[di
         RuntimeError: If another process was at a different wait.
 
     Example:
-        >>> exchange("a check", {"epoch": 3}, timeout_s=1.0)
+        >>> import jaxjob
+        >>> jaxjob.hosts.exchange("a check", {"epoch": 3}, timeout_s=1.0)
         [{'epoch': 3}]
     """
     if jax.process_count() == 1:
@@ -107,7 +108,8 @@ def decide(what: str, fn: Callable[[], Any], *, timeout_s: float) -> Any:
             (process 0 raises the original error).
 
     Example:
-        >>> decide("the resume epoch", lambda: 4, timeout_s=1.0)
+        >>> import jaxjob
+        >>> jaxjob.hosts.decide("the resume epoch", lambda: 4, timeout_s=1.0)
         4
     """
     if jax.process_index() != 0:

@@ -31,8 +31,8 @@ class Job(_Context):
     epoch task, and makes ``Job.current()`` return ``job``.
 
     Example:
-        >>> import jax.numpy as jnp
-        >>> job = Job()
+        >>> import jax.numpy as jnp, jaxjob
+        >>> job = jaxjob.Job()
         >>> @job.init_group.task
         ... def init(ws):
         ...     return {"x": jnp.zeros(())}
@@ -194,8 +194,9 @@ def epoch_limiter(job: Job, num_epochs: int) -> None:
         ValueError: If ``num_epochs`` is not a positive integer.
 
     Example:
-        >>> job = Job()
-        >>> epoch_limiter(job, 3)
+        >>> import jaxjob
+        >>> job = jaxjob.Job()
+        >>> jaxjob.epoch_limiter(job, 3)
         >>> [t.name for t in job.init_group.tasks], [t.name for t in job.epoch_group.tasks]
         (['_init_counter'], ['_count_epoch'])
         >>> epoch_limiter(job, 5)

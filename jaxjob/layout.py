@@ -23,7 +23,8 @@ def get_ckpt_filename(node_name: str, epoch: int) -> str:
     """Returns the checkpoint directory name ``<node_name>.<epoch>``.
 
     Example:
-        >>> get_ckpt_filename("trainer_0", 3)
+        >>> import jaxjob
+        >>> jaxjob.get_ckpt_filename("trainer_0", 3)
         'trainer_0.3'
     """
     return f"{node_name}.{epoch}"
@@ -36,9 +37,10 @@ def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None 
     concatenation, as in the seed); otherwise ``<db_prefix>/<node>.<epoch>``.
 
     Example:
-        >>> db_name(5, "trainer_0", "/ckpt")
+        >>> import jaxjob
+        >>> jaxjob.db_name(5, "trainer_0", "/ckpt")
         '/ckpt/trainer_0.5'
-        >>> db_name(5, "trainer_0", "/ckpt", path_prefix="/other/run_")
+        >>> jaxjob.db_name(5, "trainer_0", "/ckpt", path_prefix="/other/run_")
         '/other/run_trainer_0.5'
     """
     if path_prefix:

@@ -78,7 +78,8 @@ class CheckpointOptions:
             process whose copy it gets (a callable or a sequence).
 
     Example:
-        >>> CheckpointOptions(timeout_s=0)
+        >>> import jaxjob
+        >>> jaxjob.CheckpointOptions(timeout_s=0)
         Traceback (most recent call last):
         ...
         ValueError: timeout_s must be a positive number of seconds, got 0

@@ -57,7 +57,8 @@ class DiskMetadataHandler:
     warnings.
 
     Example:
-        >>> handler = DiskMetadataHandler()
+        >>> import jaxjob
+        >>> handler = jaxjob.DiskMetadataHandler()
         >>> handler.set_params(db_prefix="/nonexistent", db_type="orbax", node_names=["local"])
         >>> handler.last_epoch() is None, handler.last_epoch(user_epoch=3)
         (True, 3)

@@ -52,10 +52,10 @@ class MultiNodeCheckpointManager(ManagerCore):
             any process's node is raised (or logged) on every process.
 
     Example:
-        >>> import tempfile, jax.numpy as jnp
-        >>> ckpt = MultiNodeCheckpointManager(tempfile.mkdtemp())
+        >>> import tempfile, jax.numpy as jnp, jaxjob
+        >>> ckpt = jaxjob.MultiNodeCheckpointManager(tempfile.mkdtemp())
         >>> ckpt.init(["a", "b"], key_nodes={"x": "a", "y": "b"})
-        >>> ckpt.save(0, Workspace({"x": jnp.zeros(2), "y": jnp.ones(2)}))
+        >>> ckpt.save(0, jaxjob.Workspace({"x": jnp.zeros(2), "y": jnp.ones(2)}))
         >>> ckpt.wait_until_finished()
         >>> sorted(ckpt.load(0)), ckpt.get_ckpt_db_name("b", 0).endswith("/b.0")
         (['x', 'y'], True)

@@ -28,6 +28,7 @@ here, so an Orbax upgrade is checked in one module:
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib.metadata
 import json
 import os
@@ -52,6 +53,7 @@ __all__ = [
     "distributed_client",
     "private_options",
     "private_registry",
+    "saved_shardings",
 ]
 
 TESTED_ORBAX = ((0, 12, 8), (0, 13, 0))  # [lower, upper): keep in sync with pyproject.toml
@@ -295,3 +297,37 @@ def commit_times(path: str) -> tuple[float | None, float | None]:
         return None, None
     start, commit = doc.get("init_timestamp_nsecs"), doc.get("commit_timestamp_nsecs")
     return (start / 1e9 if start else None), (commit / 1e9 if commit else None)
+
+
+def saved_shardings(path: str) -> dict[str, str]:
+    """How each ``jax.Array`` leaf at ``path`` was sharded when saved, by stored name.
+
+    Orbax records it in the ``state`` item's ``_sharding`` file (JSON, keyed
+    by the base64 of the leaf's tree key), which has no public reader. Leaves
+    it does not record are left out: private checkpoints, NumPy leaves.
+    """
+    try:
+        doc = json.loads(fs.read_text(fs.join(path, "state", "_sharding")))
+    except (OSError, ValueError):
+        return {}
+    found = {}
+    for key, text in doc.items():
+        try:
+            name = base64.b64decode(key).decode()
+            found[name] = _describe_sharding(json.loads(text))
+        except (ValueError, TypeError, KeyError):  # not a leaf this version of jaxjob wrote
+            continue
+    return found
+
+
+def _describe_sharding(doc: dict[str, Any]) -> str:
+    """``cpu:0`` for one device; ``P(None, 'model') on data=2,model=2`` for a named sharding."""
+    if doc["sharding_type"] == "SingleDeviceSharding":
+        return str(doc["device_str"])
+    if doc["sharding_type"] == "NamedSharding":
+        axes = ",".join(f"{a}={n}" for a, n in zip(doc["axis_names"], doc["shape"], strict=True))
+        spec = ", ".join(
+            repr(p) if not isinstance(p, list) else repr(tuple(p)) for p in doc["partition_spec"]
+        )
+        return f"P({spec}) on {axes}"
+    return str(doc["sharding_type"])

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from jaxjob import fs, manifest, orbax_adapter, storage
+from jaxjob import fs, keypaths, manifest, orbax_adapter, storage
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import committed_epochs, db_name, is_committed
 from jaxjob.workspace import Workspace
 
-__all__ = ["restore"]
+__all__ = ["checkpoint_dirs", "restore"]
 
 _ENTRY = re.compile(r"(.+)\.(\d+)")
 
@@ -24,8 +24,18 @@ def _nodes_under(db_prefix: str) -> list[str]:
     return sorted({m.group(1) for e in entries if (m := _ENTRY.fullmatch(e))})
 
 
-def _checkpoint_dirs(path: str, epoch: int | None, node_name: str | None) -> list[str]:
-    """The checkpoint directories to read: ``path`` itself, or one per node under a db_prefix."""
+def checkpoint_dirs(path: str | os.PathLike, epoch: int | None, node_name: str | None) -> list[str]:
+    """The checkpoint directories to read: ``path`` itself, or one per node under a db_prefix.
+
+    Under a db_prefix: ``epoch``, by default the latest committed for every
+    node, of ``node_name``, by default every node.
+
+    Raises:
+        FileNotFoundError: If there is no such committed checkpoint (listing
+            the committed epochs).
+        ValueError: If ``epoch`` or ``node_name`` is given with one checkpoint directory.
+    """
+    path = fs.normalize(path, "path")
     if fs.exists(fs.join(path, manifest.MANIFEST_ITEM)):
         if not is_committed(path):
             raise FileNotFoundError(f"{path!r} is not a committed checkpoint (no commit marker)")
@@ -59,17 +69,18 @@ def restore(
     epoch: int | None = None,
     node_name: str | None = None,
     leaves: Iterable[str] | None = None,
+    target: Mapping[str, Any] | None = None,
     sharding: Any = None,
     host_map: HostMap | None = None,
 ) -> Workspace:
-    """Restores a committed checkpoint, or named leaves of it, with no model code.
+    """Restores a committed checkpoint, or some of its leaves, without the model code.
 
     Only the bytes of the requested leaves are read. In a multi-process job,
     call it on every process, except for a checkpoint that one process wrote
-    alone (``owner_process``), which any process reads on its own. Containers come back as
-    the checkpoint stores them (dicts and lists); leaves keep their saved
-    types (``jax.Array``, typed PRNG keys, bfloat16, NumPy arrays and
-    scalars, Python scalars).
+    alone (``owner_process``), which any process reads on its own. Without a
+    target, containers come back as the checkpoint stores them (dicts, lists,
+    tuples, None); leaves keep their saved types (``jax.Array``, typed PRNG
+    keys, bfloat16, NumPy arrays and scalars, Python scalars).
 
     Args:
         path: One checkpoint directory (``<db_prefix>/<node>.<epoch>``, also a
@@ -77,59 +88,91 @@ def restore(
         epoch: With a db_prefix: this epoch instead of the latest one
             committed for every node.
         node_name: With a db_prefix: only this node's checkpoint (default: all nodes).
-        leaves: Names to restore (default: all).
-        sharding: Where ``jax.Array`` leaves go: a ``jax.sharding.Sharding``,
-            or a mapping from name to Sharding. Default: this process's first
-            device, whatever device count saved them.
+        leaves: What to restore (default: every name, or the target's keys).
+            Each entry is a name, which comes back under that name, or a
+            ``/``-joined key path into one (dict keys and sequence indices:
+            ``"params/layers/3/w"``), which comes back under that path string
+            holding the subtree there. ``*`` matches within one segment,
+            ``**`` any number of segments: ``"model/layers/1*/w"`` gives
+            ``model/layers/1/w``, ``model/layers/10/w``, ... A pattern selects
+            the outermost subtrees it matches.
+        target: Key (as in the result) -> pytree of ``jax.ShapeDtypeStruct``
+            or arrays, e.g. from ``jax.eval_shape``, ``nnx.eval_shape`` or
+            ``eqx.filter_eval_shape``. That key comes back with exactly the
+            target's pytree types (NamedTuples, ``nnx.State`` and its
+            Variables, equinox modules), dtypes and, where its leaves carry
+            them, shardings. Leaves are matched by key path; a target leaf
+            that is not an array and that the checkpoint lacks (an activation
+            function) is passed through.
+        sharding: Where ``jax.Array`` leaves go (where the target gives no
+            sharding): a ``jax.sharding.Sharding``, or a mapping from a key or
+            name to a Sharding or to a pytree of them, which may be a prefix
+            of that entry's structure (None inside it: the default). Default:
+            JAX's default device (``jax.default_device``), whatever device
+            count saved them.
         host_map: For host-local leaves (NumPy arrays, scalars) saved by
             another number of processes: for each process here, the saved
             process whose copy it gets (a callable or a sequence). With the
             same process count each process gets its own copy.
 
     Returns:
-        A workspace of the restored names.
+        A workspace of the restored keys.
 
     Raises:
         FileNotFoundError: If there is no such checkpoint (lists committed epochs).
-        KeyError: If a requested name is in no checkpoint (lists the available ones).
-        ValueError: If host-local leaves were saved by another number of
-            processes and ``host_map`` is None.
+        KeyError: If a pattern of ``leaves`` matches nothing (lists close key paths).
+        ValueError: If a target differs from the checkpoint in structure, a
+            shape or a dtype (naming the key path, both values, the epoch and
+            the directory), or host-local leaves were saved by another number
+            of processes and ``host_map`` is None.
 
     Example:
-        >>> import tempfile, jax.numpy as jnp
+        >>> import tempfile, jax, jax.numpy as jnp
         >>> import jaxjob
         >>> prefix = tempfile.mkdtemp()
         >>> ckpt = jaxjob.CheckpointManager(prefix)
-        >>> ckpt.save(0, {"params": {"w": jnp.ones(2)}, "opt": jnp.zeros(2)})
+        >>> layers = [{"w": jnp.full(2, i)} for i in range(12)]
+        >>> ckpt.save(0, {"params": {"layers": layers}, "opt": jnp.zeros(2)})
         >>> ckpt.wait_until_finished()
-        >>> jaxjob.restore(prefix, leaves=["params"])["params"]["w"].tolist()
-        [1.0, 1.0]
+        >>> jaxjob.restore(prefix, leaves=["params"])["params"]["layers"][3]["w"].tolist()
+        [3, 3]
+        >>> sorted(jaxjob.restore(prefix, leaves=["params/layers/1*/w"]))
+        ['params/layers/1/w', 'params/layers/10/w', 'params/layers/11/w']
+        >>> like = {"opt": jax.ShapeDtypeStruct((2,), jnp.float32)}
+        >>> jaxjob.restore(prefix, target=like)["opt"].tolist()
+        [0.0, 0.0]
     """
-    dirs = _checkpoint_dirs(fs.normalize(path, "path"), epoch, node_name)
-    manifests = {d: manifest.read(d) for d in dirs}
-    available = sorted({k for m in manifests.values() for k in m.state_keys})
-    names = available if leaves is None else list(leaves)
     if isinstance(leaves, str):
-        raise TypeError(f"leaves must be a list of names, got the string {leaves!r}")
-    unknown = [n for n in names if n not in available]
-    if unknown:
-        raise KeyError(
-            f"leaves {unknown} are not in the checkpoint at {path!r}; available: {available}"
+        raise TypeError(f"leaves must be a list of names or key paths, got the string {leaves!r}")
+    if target is not None and not isinstance(target, Mapping):
+        raise TypeError(f"target must be a mapping from key to pytree, got {type(target).__name__}")
+    dirs = checkpoint_dirs(path, epoch, node_name)
+    manifests = {d: manifest.read(d) for d in dirs}
+    state = {k: v for m in manifests.values() for k, v in m.state.items()}
+    patterns = list(leaves) if leaves is not None else (list(target) if target else None)
+    chosen = keypaths.select(state, patterns, where=f" in the checkpoint at {str(path)!r}")
+    unused = [k for k in target or {} if k not in chosen]
+    if unused:
+        raise ValueError(
+            f"target keys {unused} are not restored; restored keys: {list(chosen)} "
+            "(a target key must be a name or key path that leaves= selects)"
         )
     result: dict[str, Any] = {}
     for d, found in manifests.items():
-        mine = [n for n in names if n in found.state]
-        result.update(_restore_one(d, found, mine, sharding, host_map))
-    return Workspace(result)
+        mine = {k: sel for k, sel in chosen.items() if sel.name in found.state}
+        result.update(_restore_one(d, found, mine, target, sharding, host_map))
+    return Workspace({k: result[k] for k in chosen})
 
 
-def _restore_one(path, found, names, sharding, host_map) -> dict[str, Any]:
+def _restore_one(path, found, chosen, target, sharding, host_map) -> dict[str, Any]:
+    if not chosen:
+        return {}
     private = found.owner_process is not None
     handler = storage.composite_handler(path, private)
     checkpointer = orbax_adapter.checkpointer(path, handler, private=private)
     try:
-        return storage.restore(
-            checkpointer, path, found, names, sharding=sharding, host_map=host_map
+        return storage.restore_selected(
+            checkpointer, path, found, chosen, targets=target, sharding=sharding, host_map=host_map
         )
     finally:
         checkpointer.close()

@@ -122,13 +122,12 @@ class Session:
         workspace: The initial workspace; empty by default.
 
     Example:
-        >>> import jax.numpy as jnp
-        >>> from jaxjob.task import TaskGroup
-        >>> init = TaskGroup(persistent=True)
+        >>> import jax.numpy as jnp, jaxjob
+        >>> init = jaxjob.TaskGroup(persistent=True)
         >>> _ = init.add(lambda ws: {"x": jnp.ones(2)})
-        >>> step = TaskGroup()
+        >>> step = jaxjob.TaskGroup()
         >>> _ = step.add(lambda ws: {"x": ws["x"] * 2, "norm": ws["x"].sum()})
-        >>> session = Session()
+        >>> session = jaxjob.Session()
         >>> _ = session.run(init)
         >>> out = session.run(step)
         >>> float(out["norm"]), sorted(session.workspace)

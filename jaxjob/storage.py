@@ -27,7 +27,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxjob import codec, hostlocal, orbax_adapter
+from jaxjob import codec, hostlocal, keypaths, orbax_adapter
+from jaxjob import targets as targets_lib
 from jaxjob.manifest import MANIFEST_FILE, MANIFEST_ITEM, OUTPUTS, STATE, Manifest
 
 __all__ = ["OUTPUTS", "STATE", "composite_handler", "encode", "nbytes", "restore", "save_args"]
@@ -123,63 +124,6 @@ def save_args(encoded: Mapping[str, Mapping[str, Any]], manifest: Manifest) -> o
     return ocp.args.Composite(**items)
 
 
-def default_sharding(sharding: Any, name: str) -> jax.sharding.Sharding:
-    """Where the ``jax.Array`` leaves of ``name`` go: ``sharding``, or JAX's default device.
-
-    Raises:
-        TypeError: If the sharding given for ``name`` is not a ``jax.sharding.Sharding``.
-    """
-    if isinstance(sharding, Mapping):
-        sharding = sharding.get(name)
-    if sharding is None:
-        device = jax.config.jax_default_device
-        if not isinstance(device, jax.Device):
-            device = jax.local_devices()[0]
-        return jax.sharding.SingleDeviceSharding(device)
-    if not isinstance(sharding, jax.sharding.Sharding):
-        raise TypeError(
-            f"sharding for {name!r} must be a jax.sharding.Sharding, got {type(sharding).__name__}"
-        )
-    return sharding
-
-
-def _target_leaves(
-    name: str, target: Any, specs: list[codec.LeafSpec], where: str
-) -> list[jax.ShapeDtypeStruct]:
-    """The target's leaves, checked against the saved ones (ValueError naming the key path)."""
-    flat = jax.tree_util.tree_flatten_with_path(target)[0]
-    wanted = [f"[{name!r}]{jax.tree_util.keystr(path)}" for path, _ in flat]
-    saved = [spec.path for spec in specs]
-    if wanted != saved:
-        raise ValueError(
-            f"structure mismatch for {name!r} in {where}: the target has leaves the checkpoint "
-            f"lacks {[w for w in wanted if w not in saved]} and the checkpoint has leaves the "
-            f"target lacks {[s for s in saved if s not in wanted]}"
-            + ("" if set(wanted) != set(saved) else " (the same leaves in another order)")
-        )
-    for (_, leaf), spec in zip(flat, specs, strict=True):
-        _check_leaf(leaf, spec, where)
-    return [leaf for _, leaf in flat]
-
-
-def _check_leaf(leaf: Any, spec: codec.LeafSpec, where: str) -> None:
-    saved = spec.abstract()
-    shape, dtype = tuple(np.shape(leaf)), getattr(leaf, "dtype", None)
-    if shape != saved.shape:
-        raise ValueError(
-            f"{spec.path}: shape mismatch: target {shape}, checkpoint {saved.shape} ({where})"
-        )
-    if dtype is not None and dtype != saved.dtype:
-        raise ValueError(
-            f"{spec.path}: dtype mismatch: target {dtype}, checkpoint {saved.dtype} ({where})"
-        )
-
-
-def _abstract(leaf: Any, fallback: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
-    sharding = getattr(leaf, "sharding", None) or fallback
-    return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
-
-
 def _rows(manifest: Manifest, specs: Iterable[codec.LeafSpec], host_map: HostMap | None):
     if manifest.owner_process is not None:
         return codec.Rows(0)
@@ -203,13 +147,43 @@ def restore(
 ) -> dict[str, Any]:
     """Restores the named entries of one item of the checkpoint directory ``path``.
 
-    Only the requested leaves are read. A name with a target (a pytree of
-    ``jax.ShapeDtypeStruct`` with shardings, as the init group's abstract
-    trace gives) is checked against the checkpoint and restored with the
-    target's pytree types and shardings. Any other name comes back with the
+    See :func:`restore_selected`; each name is selected whole.
+    """
+    structure = manifest.structure(item)
+    chosen = {n: keypaths.Selection(n, n, (), structure[n]) for n in names}
+    return restore_selected(
+        checkpointer,
+        path,
+        manifest,
+        chosen,
+        item=item,
+        targets=targets,
+        sharding=sharding,
+        host_map=host_map,
+    )
+
+
+def restore_selected(
+    checkpointer: ocp.Checkpointer,
+    path: str,
+    manifest: Manifest,
+    chosen: Mapping[str, keypaths.Selection],
+    *,
+    item: str = STATE,
+    targets: Mapping[str, Any] | None = None,
+    sharding: Any = None,
+    host_map: HostMap | None = None,
+) -> dict[str, Any]:
+    """Restores the selected subtrees of one item of the checkpoint directory ``path``, by key.
+
+    Only their leaves are read. A key with a target (a pytree of
+    ``jax.ShapeDtypeStruct`` or arrays) is checked against the checkpoint and
+    restored with the target's pytree types and, where it gives them,
+    shardings (:mod:`jaxjob.targets`). Any other key comes back with the
     saved tree structure (dicts, lists, tuples, None; custom nodes as dicts
-    or lists) and its saved leaf types; its ``jax.Array`` leaves go to
-    ``sharding`` (a Sharding, or a mapping from name to Sharding), by default
+    or lists) and its saved leaf types. ``jax.Array`` leaves without a
+    target sharding go where ``sharding`` says (a Sharding, or a mapping
+    from key or name to a Sharding or a pytree prefix of them), by default
     JAX's default device. Host-local leaves come back as this process's own
     copy, or as the copy of the saved process that ``host_map`` gives for it.
 
@@ -218,32 +192,27 @@ def restore(
             checkpoint (naming the key path), or host-local leaves were saved
             by another number of processes and ``host_map`` is None.
     """
-    names = list(names)
     store = codec_for(manifest.owner_process is not None)
-    specs = {name: manifest.specs(item, name) for name in names}
-    all_specs = [spec for group in specs.values() for spec in group]
-    rows = _rows(manifest, all_specs, host_map)
     where = f"the checkpoint of epoch {manifest.epoch} at {path!r}"
-    abstracts: dict[str, jax.ShapeDtypeStruct] = {}
-    for name in names:
-        fallback = default_sharding(sharding, name)
-        if targets is not None and name in targets:
-            leaves = _target_leaves(name, targets[name], specs[name], where)
-        else:
-            leaves = [spec.abstract() for spec in specs[name]]
-        for spec, leaf in zip(specs[name], leaves, strict=True):
-            abstracts[spec.name] = _abstract(leaf, fallback)
+    targets = targets or {}
+    plans = {
+        key: targets_lib.plan(
+            sel,
+            manifest.leaves,
+            targets_lib.ShardingRule.of(sharding, key, sel.name, sel.segments),
+            target=targets.get(key),
+            has_target=key in targets,
+            where=where,
+        )
+        for key, sel in chosen.items()
+    }
+    abstracts = {n: a for p in plans.values() for n, a in p.abstracts.items()}
+    all_specs = [manifest.leaves[n] for n in abstracts]
+    rows = _rows(manifest, all_specs, host_map)
     restore_item = {s.name: store.target(s, abstracts[s.name], rows) for s in all_specs}
     restored = _read(checkpointer, path, item, restore_item)
     leaves = {s.name: store.decode(restored[s.name], s, abstracts[s.name], rows) for s in all_specs}
-    result = {}
-    for name in names:
-        if targets is not None and name in targets:
-            treedef = jax.tree.structure(targets[name])
-            result[name] = jax.tree.unflatten(treedef, [leaves[s.name] for s in specs[name]])
-        else:
-            result[name] = codec.unflatten(manifest.structure(item)[name], leaves)
-    return result
+    return {key: p.build(leaves) for key, p in plans.items()}
 
 
 def _read(checkpointer: ocp.Checkpointer, path: str, item: str, restore_item: dict[str, Any]):

@@ -48,10 +48,11 @@ class Node(_Context):
     """Names the node whose checkpoint holds the leaves that init tasks create inside it.
 
     Example:
-        >>> with Node("trainer_0"):
-        ...     Node.current()
+        >>> import jaxjob
+        >>> with jaxjob.Node("trainer_0"):
+        ...     jaxjob.Node.current()
         'trainer_0'
-        >>> Node.current()
+        >>> jaxjob.Node.current()
         'local'
     """
 
@@ -93,9 +94,10 @@ class Task:
             unnamed callables never replace.
 
     Example:
-        >>> group = TaskGroup()
+        >>> import jaxjob
+        >>> group = jaxjob.TaskGroup()
         >>> with group:
-        ...     t = Task(lambda ws: {"x": 1}, jit=False, name="one")
+        ...     t = jaxjob.Task(lambda ws: {"x": 1}, jit=False, name="one")
         >>> [task.name for task in group.tasks]
         ['one']
     """
@@ -155,7 +157,8 @@ class TaskGroup(_Context):
         name: For logs.
 
     Example:
-        >>> group = TaskGroup(jit=False)
+        >>> import jaxjob
+        >>> group = jaxjob.TaskGroup(jit=False)
         >>> @group.task
         ... def one(ws):
         ...     return {"x": 1}

@@ -16,13 +16,13 @@ class UploadTaskGroupBuilder:
     last epoch, once every pending save is committed, and runs the group.
 
     Example:
-        >>> import shutil
-        >>> class CopyOut(UploadTaskGroupBuilder):
+        >>> import shutil, jaxjob
+        >>> class CopyOut(jaxjob.UploadTaskGroupBuilder):
         ...     def __init__(self, dest):
         ...         self.dest = dest
         ...
         ...     def build(self, epoch, checkpoint_manager):
-        ...         group = TaskGroup(jit=False)
+        ...         group = jaxjob.TaskGroup(jit=False)
         ...         for node, manager in checkpoint_manager.node_managers:
         ...             src = manager.get_ckpt_db_name(node, epoch)
         ...             group.add(lambda ws, s=src, n=node: shutil.copytree(s, f"{self.dest}/{n}"))

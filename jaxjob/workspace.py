@@ -25,7 +25,8 @@ class Workspace(Mapping[str, Any]):
         TypeError: If ``mapping`` is not a mapping or a name is not a string.
 
     Example:
-        >>> ws = Workspace({"step": 0})
+        >>> import jaxjob
+        >>> ws = jaxjob.Workspace({"step": 0})
         >>> ws2 = ws.set({"lr": 0.1})
         >>> sorted(ws2), sorted(ws)
         (['lr', 'step'], ['step'])

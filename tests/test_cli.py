@@ -1,22 +1,105 @@
-"""The jaxjob command line: ls."""
+"""The jaxjob command: ls, show, export, verify against a real run's directory; user mistakes."""
 
 import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
 
 import jaxjob
 from jaxjob import cli
 
+HELP_IMPORTS = """
+import sys
+from jaxjob import cli
+for argv in (["--help"], ["ls", "--help"], ["show", "--help"], ["export", "--help"],
+             ["verify", "--help"], ["launch", "--help"]):
+    try:
+        cli.main(argv)
+    except SystemExit as exit:
+        assert exit.code == 0, (argv, exit.code)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib", "orbax", "numpy"))
+print("HEAVY", heavy)
+"""
 
-def test_ls_lists_checkpoints_and_reports_a_missing_directory_in_one_line(tmp_path, capsys):
-    """`jaxjob ls DIR` prints a sorted table; `--json` rows; a missing DIR is one line, exit 2."""
+
+def test_help_imports_neither_jax_nor_orbax():
+    """`jaxjob --help` and every subcommand's --help run without importing JAX, Orbax or NumPy."""
+    proc = subprocess.run(
+        [sys.executable, "-c", HELP_IMPORTS], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "HEAVY []" in proc.stdout
+    for command in ("ls", "show", "export", "verify", "launch"):
+        assert f"{command} " in proc.stdout or f"jaxjob {command}" in proc.stdout
+
+
+def _run_job(prefix):
+    """A small real job: 12 layers, bfloat16 embeddings, adam state, a PRNG key; 2 epochs."""
+    tx = optax.adam(1e-2)
+    job = jaxjob.Job()
+
+    @job.init_group.task
+    def init(ws):
+        layers = [{"w": jnp.full((4, 2), float(i)), "b": jnp.zeros(2)} for i in range(12)]
+        params = {"layers": layers, "emb": jnp.ones((3, 4), jnp.bfloat16)}
+        return {"params": params, "opt_state": tx.init(params), "rng": jax.random.key(0)}
+
+    @job.epoch_group.task
+    def step(ws):
+        grads = jax.tree.map(jnp.ones_like, ws["params"])
+        updates, opt_state = tx.update(grads, ws["opt_state"], ws["params"])
+        return {"params": optax.apply_updates(ws["params"], updates), "opt_state": opt_state}
+
+    jaxjob.epoch_limiter(job, 2)
+    jaxjob.JobRunner(job, jaxjob.CheckpointManager(str(prefix))).train(jaxjob.Session())
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    prefix = tmp_path_factory.mktemp("run")
+    _run_job(prefix)
+    return prefix
+
+
+def _main(argv, capsys):
+    status = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_ls_lists_each_epoch_of_a_run(run_dir, capsys):
+    """`jaxjob ls` prints node, epoch, committed, human size, save time and age per checkpoint."""
+    status, out, _ = _main(["ls", run_dir], capsys)
+    lines = out.splitlines()
+    assert status == 0 and lines[0].split() == ["node", "epoch", "committed", "size", "save", "age"]
+    assert [line.split()[:3] for line in lines[1:]] == [
+        ["local", "0", "yes"],
+        ["local", "1", "yes"],
+        ["local", "2", "yes"],
+    ]
+    assert all(re.search(r"\d+\.\d KiB +\d+\.\d\d s +\d+ s$", line) for line in lines[1:]), out
+    status, out, _ = _main(["ls", "--json", run_dir], capsys)
+    rows = json.loads(out)
+    assert [r["epoch"] for r in rows] == [0, 1, 2] and all(r["size_bytes"] > 1024 for r in rows)
+
+
+def test_ls_lists_uncommitted_directories_and_reports_a_missing_one(tmp_path, capsys):
+    """An in-flight save is listed as not committed; a missing DIR is one line, exit 2."""
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     for epoch in (0, 1, 10):
         ckpt.save(epoch, {"w": jnp.ones(256)})
     ckpt.close()
     (tmp_path / "local.11.orbax-checkpoint-tmp-5").mkdir()
-    assert cli.main(["ls", str(tmp_path)]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    status, out, _ = _main(["ls", tmp_path], capsys)
+    rows = [line.split() for line in out.splitlines()]
     assert [r[:3] for r in rows[1:]] == [
         ["local", "0", "yes"],
         ["local", "1", "yes"],
@@ -24,8 +107,179 @@ def test_ls_lists_checkpoints_and_reports_a_missing_directory_in_one_line(tmp_pa
         ["local", "11", "no"],
     ]
     assert rows[1][4] == "KiB" and rows[1][6] == "s"
-    assert cli.main(["ls", "--json", str(tmp_path)]) == 0
-    parsed = json.loads(capsys.readouterr().out)
-    assert [r["epoch"] for r in parsed] == [0, 1, 10, 11] and parsed[0]["size_bytes"] > 1024
-    assert cli.main(["ls", str(tmp_path / "nope")]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_show_prints_each_leaf_with_shape_dtype_bytes_sharding_and_totals(run_dir, capsys):
+    """`jaxjob show DB_PREFIX` describes the latest epoch's leaves, one row each, then totals."""
+    status, out, _ = _main(["show", run_dir], capsys)
+    lines = out.splitlines()
+    assert status == 0
+    assert lines[0] == f"{run_dir}/local.2: node local, epoch 2, saved by 1 process(es)"
+    assert lines[1].split() == ["key", "path", "shape", "dtype", "bytes", "saved", "sharding"]
+    rows = {line.split()[0]: line for line in lines[2:-1]}
+    assert len(rows) == 3 * 25 + 3  # params, adam's mu and nu; count, rng, the epoch counter
+    assert re.fullmatch(
+        r"params/layers/3/w +\(4, 2\) +float32 +32 B +cpu:0", rows["params/layers/3/w"]
+    )
+    assert re.fullmatch(r"params/emb +\(3, 4\) +bfloat16 +24 B +cpu:0", rows["params/emb"])
+    assert re.fullmatch(r"opt_state/0/count +\(\) +int32 +4 B +cpu:0", rows["opt_state/0/count"])
+    assert re.fullmatch(r"rng +\(\) +key<fry> +8 B +cpu:0", rows["rng"])
+    assert re.fullmatch(
+        r"total: 78 leaves, 1\.5 KiB \(\d+\.\d KiB on disk, whole checkpoint\)", lines[-1]
+    )
+
+
+def test_show_selects_leaves_by_pattern_and_epoch(run_dir, capsys):
+    """--leaves takes key-path patterns (repeatable); --epoch and a checkpoint directory work."""
+    argv = ["show", run_dir, "--epoch", "0", "--leaves", "params/layers/1*/w", "--leaves", "rng"]
+    status, out, _ = _main(argv, capsys)
+    lines = out.splitlines()
+    assert status == 0 and lines[0].startswith(f"{run_dir}/local.0: node local, epoch 0")
+    assert [line.split()[0] for line in lines[2:-1]] == [
+        "params/layers/1/w",
+        "params/layers/10/w",
+        "params/layers/11/w",
+        "rng",
+    ]
+    assert lines[-1].startswith("total: 4 leaves, 104 B")
+    status, out, _ = _main(["show", f"{run_dir}/local.1", "--leaves", "**/emb"], capsys)
+    assert status == 0 and [line.split()[0] for line in out.splitlines()[2:-1]] == [
+        "opt_state/0/mu/emb",
+        "opt_state/0/nu/emb",
+        "params/emb",
+    ]
+
+
+def test_export_npz_keys_are_key_paths_with_the_restored_values(run_dir, tmp_path, capsys):
+    """`jaxjob export -o FILE.npz` writes one array per leaf by key path; bfloat16 as float32."""
+    out_file = tmp_path / "params.npz"
+    status, out, _ = _main(["export", run_dir, "--leaves", "params", "-o", out_file], capsys)
+    assert status == 0 and f"wrote 25 arrays, 528 B, to {out_file}" in out
+    assert "stored as float32 (.npz has no such dtype): params/emb (bfloat16)" in out
+    params = jaxjob.restore(run_dir, leaves=["params"])["params"]
+    with np.load(out_file) as data:
+        assert sorted(data) == sorted(
+            ["params/emb"] + [f"params/layers/{i}/{k}" for i in range(12) for k in "bw"]
+        )
+        np.testing.assert_array_equal(data["params/layers/7/w"], params["layers"][7]["w"])
+        assert data["params/emb"].dtype == np.float32
+        np.testing.assert_array_equal(data["params/emb"], np.asarray(params["emb"], np.float32))
+
+
+def test_export_safetensors_keeps_bfloat16_and_writes_key_data_for_prng_keys(
+    run_dir, tmp_path, capsys
+):
+    """`jaxjob export -o FILE.safetensors` keeps bfloat16; a PRNG key becomes its key data."""
+    safetensors = pytest.importorskip("safetensors.numpy")
+    out_file = tmp_path / "emb.safetensors"
+    argv = ["export", run_dir, "--leaves", "params/emb", "--leaves", "rng", "-o", out_file]
+    status, out, _ = _main(argv, capsys)
+    assert status == 0 and "wrote 2 arrays" in out
+    data = safetensors.load_file(str(out_file))
+    assert str(data["params/emb"].dtype) == "bfloat16" and data["rng"].dtype == np.uint32
+    rng = jaxjob.restore(run_dir, leaves=["rng"])["rng"]
+    np.testing.assert_array_equal(data["rng"], np.asarray(jax.random.key_data(rng)))
+
+
+def test_verify_passes_an_intact_run(run_dir, capsys):
+    """`jaxjob verify DB_PREFIX` checks every committed checkpoint: one ok line each, exit 0."""
+    status, out, _ = _main(["verify", run_dir], capsys)
+    assert status == 0
+    assert out.splitlines() == [f"ok  {run_dir}/local.{e}" for e in range(3)]
+
+
+def test_verify_names_each_damaged_leaf_and_exits_1(run_dir, tmp_path, capsys):
+    """Truncated data files give one line per leaf, naming its key path; exit 1."""
+    copy = tmp_path / "local.2"
+    shutil.copytree(run_dir / "local.2", copy)
+    for data_file in (copy / "state").glob("**/d/*"):  # OCDBT's b-tree nodes and data
+        data_file.write_bytes(data_file.read_bytes()[:40])
+    status, out, _ = _main(["verify", copy], capsys)
+    lines = out.splitlines()
+    assert status == 1 and lines[-1] == "1 damaged checkpoint(s)"
+    _, table, _ = _main(["show", run_dir], capsys)
+    every_leaf = [line.split()[0] for line in table.splitlines()[2:-1]]
+    named = [
+        re.match(rf"{copy}: state leaf (\S+) \(\[.*\) unreadable: \w+Error: ", line)
+        for line in lines[:-1]
+    ]
+    assert all(named), lines
+    assert [m.group(1) for m in named] == every_leaf
+
+
+def test_verify_reports_a_missing_commit_marker_and_a_broken_manifest(run_dir, tmp_path, capsys):
+    """No commit marker, or a manifest that is not JSON, is one line each; exit 1."""
+    unmarked, broken = tmp_path / "a" / "local.1", tmp_path / "b" / "local.1"
+    shutil.copytree(run_dir / "local.1", unmarked)
+    shutil.copytree(run_dir / "local.1", broken)
+    (unmarked / "commit_success.txt").unlink()
+    (broken / "jaxjob" / "manifest.json").write_text("{not json")
+    status, out, _ = _main(["verify", unmarked], capsys)
+    assert status == 1 and out.splitlines()[0] == (
+        f"{unmarked}: not committed (no commit marker): an interrupted or unfinished save"
+    )
+    status, out, _ = _main(["verify", broken], capsys)
+    assert status == 1 and out.startswith(f"{broken}: manifest unreadable: the manifest ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ls", "{missing}"], "jaxjob ls: no checkpoint directories under '{missing}'"),
+        (["show", "{missing}"], "jaxjob show: no checkpoint directory or db_prefix at '{missing}'"),
+        (["verify", "{missing}"], "jaxjob verify: no checkpoint directories under '{missing}'"),
+        (
+            ["show", "{run}", "--epoch", "9"],
+            "jaxjob show: epoch 9 is not committed for nodes ['local'] under '{run}'; "
+            "committed epochs: [0, 1, 2]",
+        ),
+        (
+            ["export", "{run}", "--epoch", "9", "-o", "{out}.npz"],
+            "jaxjob export: epoch 9 is not committed",
+        ),
+        (["show", "{run}", "--node", "trainer"], "jaxjob show: no epoch of nodes ['trainer']"),
+        (
+            ["show", "{run}", "--leaves", "parms"],
+            "jaxjob show: leaves ['parms'] match nothing in the checkpoint at '{run}/local.2'; "
+            "close key paths: ['params'",
+        ),
+        (
+            ["export", "{run}", "--leaves", "params/layer/1", "-o", "{out}.npz"],
+            "jaxjob export: leaves ['params/layer/1'] match nothing",
+        ),
+        (
+            ["export", "{run}", "-o", "{out}.txt"],
+            "jaxjob export: output must end in .npz or .safetensors, got '{out}.txt'",
+        ),
+        (
+            ["show", "{run}/local.1", "--epoch", "1"],
+            "jaxjob show: path '{run}/local.1' is one checkpoint directory",
+        ),
+    ],
+)
+def test_a_user_mistake_is_one_line_on_stderr_and_exit_2(run_dir, tmp_path, capsys, argv, message):
+    """Missing directories, unknown epochs or nodes, patterns matching nothing: one line, exit 2."""
+    names = {"missing": tmp_path / "missing", "run": run_dir, "out": tmp_path / "out"}
+    status, out, err = _main([a.format(**names) for a in argv], capsys)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(message.format(**names)), err
+
+
+def test_the_command_runs_as_a_program_without_a_traceback(run_dir, tmp_path):
+    """`python -m jaxjob.cli show` prints the table; a mistake prints one stderr line, exit 2."""
+    ok = subprocess.run(
+        [sys.executable, "-m", "jaxjob.cli", "show", str(run_dir), "--leaves", "rng"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ok.returncode == 0 and "rng " in ok.stdout and "total: 1 leaves" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "jaxjob.cli", "verify", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.count("\n") == 1, bad.stderr
+    assert textwrap.dedent(bad.stderr).startswith("jaxjob verify: no checkpoint directories")
