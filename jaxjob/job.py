@@ -199,7 +199,7 @@ def epoch_limiter(job: Job, num_epochs: int) -> None:
         >>> jaxjob.epoch_limiter(job, 3)
         >>> [t.name for t in job.init_group.tasks], [t.name for t in job.epoch_group.tasks]
         (['_init_counter'], ['_count_epoch'])
-        >>> epoch_limiter(job, 5)
+        >>> jaxjob.epoch_limiter(job, 5)
         >>> job.epoch_limit, len(job.stop_conditions)
         (5, 1)
     """
