@@ -4,6 +4,7 @@ import importlib.metadata
 
 from jaxjob import distributed as distributed
 from jaxjob import hosts as hosts
+from jaxjob import keep as keep
 from jaxjob.checkpoint import CheckpointManager as CheckpointManager
 from jaxjob.errors import CheckpointInUseError as CheckpointInUseError
 from jaxjob.errors import CheckpointSaveError as CheckpointSaveError

@@ -172,7 +172,8 @@ class JobRunner:
         values, read = self.job.stop_values(run)
         stopped = self._any_process(f"the stop conditions of epoch {epoch}", any(values))
         if self.checkpoint_manager is not None:
-            outputs = {k: run[k] for k in read if k in run and k not in session.workspace}
+            wanted = [*read, *self.checkpoint_manager.required_outputs]
+            outputs = {k: run[k] for k in wanted if k in run and k not in session.workspace}
             self.save_checkpoints(epoch, session, outputs=outputs)
         return bool(stopped)
 
