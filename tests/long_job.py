@@ -13,6 +13,7 @@ under ``jaxjob launch -n 2``.
 
 import argparse
 import json
+import logging
 import sys
 import time
 
@@ -47,7 +48,15 @@ def build_job(epochs: int, size: int, sleep_per_epoch: float) -> jaxjob.Job:
     return job
 
 
+def reference(out, epochs: int = 8, size: int = 64) -> None:
+    """Writes the final workspace of an uninterrupted run without checkpoints to ``out``."""
+    session = jaxjob.Session()
+    jaxjob.JobRunner(build_job(epochs, size, 0.0)).train(session)
+    dump(session.workspace, out)
+
+
 def main(argv):
+    logging.basicConfig(level=logging.INFO, force=True)
     parser = argparse.ArgumentParser()
     parser.add_argument("ckpt_dir")
     parser.add_argument("out")
