@@ -199,7 +199,7 @@ class CheckpointManager(ManagerCore):
                 f"CheckpointManager handles one node, got nodes={list(nodes)}; "
                 "use MultiNodeCheckpointManager for several"
             )
-        self._take_lock()
+        self._take_lock()  # an unwritable db_prefix is reported by the first save, which retries
         if retrieve_from_epoch is not None:
             _, found = self._checkpoint(retrieve_from_epoch, path_prefix, path_type)
             self._blob_names = found.state_keys
@@ -347,13 +347,15 @@ class CheckpointManager(ManagerCore):
             HostTimeoutError: If another process does not arrive in time.
         """
         self._check_writer()
-        self._take_lock()
+        unwritable = self._take_lock()
         started = self._pending.started if self._pending else None
         previous = self._finish_pending()
         path = db_name(epoch, self._node_name, self._db_prefix)
         found, encoded, problem, digests, superseded = None, None, None, {}, None
         start = time.perf_counter()
         try:
+            if unwritable is not None:
+                raise unwritable
             found, flat = manifest.build(
                 epoch,
                 self._node_name,
@@ -430,18 +432,31 @@ class CheckpointManager(ManagerCore):
         """Whether this process is the one that deletes (process 0, or the owner)."""
         return jax.process_index() == (self.owner_process or 0)
 
-    def _take_lock(self) -> None:
-        """Takes the node's lock once, then removes what killed saves left."""
+    def _take_lock(self) -> OSError | None:
+        """Takes the node's lock once, then removes what killed saves left.
+
+        Returns:
+            The error making ``db_prefix`` unwritable, if it is (not holding the lock).
+
+        Raises:
+            CheckpointInUseError: If another live process writes this node here.
+        """
         if self._lock is not None:
-            return
-        self._lock = lock.acquire(
-            self._db_prefix,
-            self._node_name,
-            owner_process=self.owner_process,
-            timeout_s=self.timeout_s,
-        )
+            return None
+        try:
+            if self._private or jax.process_count() == 1:  # else process 0 creates it
+                _prepare_prefix(self._db_prefix)
+            self._lock = lock.acquire(
+                self._db_prefix,
+                self._node_name,
+                owner_process=self.owner_process,
+                timeout_s=self.timeout_s,
+            )
+        except OSError as err:
+            return err
         if self._deletes():
             retention.sweep(self._db_prefix, self._node_name)
+        return None
 
     def _retain(self) -> None:
         """Applies ``keep`` after a commit, on the deleting process; never raises."""

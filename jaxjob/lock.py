@@ -111,25 +111,43 @@ class Holder:
 
 
 class _LocalRecord:
-    """The lock file on local (or network) disk; changes under an exclusive ``flock``."""
+    """The lock file on local (or network) disk; changes under an exclusive ``flock``.
+
+    A released lock's file is deleted. A process that waited for the ``flock``
+    of a file deleted meanwhile sees another inode at the path and starts over.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
 
     def change(self, fn: Callable[[Holder | None], Holder | None]) -> Holder | None:
-        """Replaces the record by ``fn(record)`` atomically; returns the new record."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            text = os.pread(fd, 1 << 16, 0).decode(errors="replace")
-            new = fn(_parse(text))
-            data = json.dumps(dataclasses.asdict(new) if new else {}).encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-            os.fsync(fd)
-            return new
-        finally:
-            os.close(fd)  # releases the flock
+        """Replaces the record by ``fn(record)`` atomically (None deletes it); returns it."""
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if _same_file(fd, self.path):
+                    return self._change(fd, fn)
+            finally:
+                os.close(fd)  # releases the flock
+
+    def _change(self, fd: int, fn: Callable[[Holder | None], Holder | None]) -> Holder | None:
+        new = fn(_parse(os.pread(fd, 1 << 16, 0).decode(errors="replace")))
+        if new is None:
+            os.unlink(self.path)
+            return None
+        data = json.dumps(dataclasses.asdict(new)).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+        return new
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 class _RemoteRecord:
@@ -301,10 +319,11 @@ def acquire(
 ) -> Handle:
     """Takes the lock of ``node_name`` under ``db_prefix`` for this job; call it on every process.
 
-    Process 0 (or ``owner_process``, alone) takes it; every process raises
-    the same :class:`~jaxjob.CheckpointInUseError` if it is held.
+    Process 0 (or ``owner_process``, alone) takes it, in the existing
+    directory ``db_prefix``; every process raises the same
+    :class:`~jaxjob.CheckpointInUseError` if it is held, and an ``OSError``
+    if it could not be written.
     """
-    fs.makedirs(db_prefix)
     if owner_process is not None or jax.process_count() == 1:
         if owner_process is not None and owner_process != jax.process_index():
             return Handle(None)
@@ -312,13 +331,20 @@ def acquire(
 
     def take() -> dict[str, str]:
         try:
+            fs.makedirs(db_prefix)
             return {"path": _take_here(db_prefix, node_name)}
         except CheckpointInUseError as err:
             return {"error": str(err)}
+        except OSError as err:
+            return {"oserror": f"{type(err).__name__}: {err}"}
 
     outcome = hosts.decide(f"the lock of node {node_name!r}", take, timeout_s=timeout_s)
     if "error" in outcome:
         raise CheckpointInUseError(outcome["error"])
+    if "oserror" in outcome:
+        raise OSError(
+            f"process 0 could not take the lock of node {node_name!r}: {outcome['oserror']}"
+        )
     return Handle(outcome["path"] if jax.process_index() == 0 else None)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxjob
-from jaxjob import faults, lock
+from jaxjob import faults, fs, lock
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
 
@@ -26,8 +26,7 @@ def _write_record(path, **changes):
 
 
 def _record(path):
-    text = path.read_text()
-    return json.loads(text) if text else {}
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def test_a_live_holder_on_another_host_makes_init_fail_naming_it(tmp_path):
@@ -63,7 +62,7 @@ def test_a_dead_holders_lock_is_taken_over(tmp_path, stale, caplog):
     record = _record(tmp_path / "local.lock")
     assert (record["host"], record["pid"]) == (socket.gethostname(), os.getpid())
     ckpt.close()
-    assert _record(tmp_path / "local.lock") == {}  # released
+    assert not (tmp_path / "local.lock").exists()  # released
 
 
 def test_managers_of_one_process_share_the_lock_and_reading_needs_none(tmp_path):
@@ -75,7 +74,7 @@ def test_managers_of_one_process_share_the_lock_and_reading_needs_none(tmp_path)
     first.close()
     assert _record(tmp_path / "local.lock")["pid"] == os.getpid()  # second still holds it
     second.close()
-    assert _record(tmp_path / "local.lock") == {}
+    assert not (tmp_path / "local.lock").exists()
     _write_record(tmp_path / "local.lock", host="node-7")  # a live writer elsewhere
     np.testing.assert_array_equal(jaxjob.restore(str(tmp_path), leaves=["w"])["w"], [0.0, 0.0])
     np.testing.assert_array_equal(jaxjob.CheckpointManager(str(tmp_path)).load(0)["w"], [1, 1])
@@ -90,7 +89,7 @@ def test_the_holder_renews_its_lease_in_the_background(tmp_path):
     renewed = _record(tmp_path / "local.lock")["renewed"]
     held.release()
     assert renewed > first
-    assert _record(tmp_path / "local.lock") == {}
+    assert not (tmp_path / "local.lock").exists()
 
 
 def _child(ckpt, *extra, env=None):
@@ -106,7 +105,7 @@ def _child(ckpt, *extra, env=None):
 def _wait_for_holder(path, pids, timeout_s=120):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if path.exists() and _record(path).get("pid") in pids:
+        if (_record(path) or {}).get("pid") in pids:
             return _record(path)
         time.sleep(0.1)
     raise AssertionError(f"no process of {pids} took the lock {path}")
@@ -134,7 +133,7 @@ def test_second_process_fails_then_takes_over_once_the_holder_is_killed(tmp_path
     assert third.returncode == 0, err[-2000:]
     assert f"Taking over the lock {tmp_path}/local.lock of a dead writer" in err
     assert f"pid {holder.pid}" in err
-    assert _record(tmp_path / "local.lock") == {}  # released at exit
+    assert not (tmp_path / "local.lock").exists()  # released at exit
 
 
 def test_processes_of_one_job_share_one_lock(tmp_path):
@@ -148,7 +147,7 @@ def test_processes_of_one_job_share_one_lock(tmp_path):
     )
     try:
         deadline = time.monotonic() + 120
-        while not (tmp_path / "local.lock").exists() or not _record(tmp_path / "local.lock"):
+        while not _record(tmp_path / "local.lock"):
             assert time.monotonic() < deadline and job.poll() is None, job.stderr.read()[-3000:]
             time.sleep(0.1)
         record = _record(tmp_path / "local.lock")
@@ -163,4 +162,24 @@ def test_processes_of_one_job_share_one_lock(tmp_path):
             job.kill()
     assert job.returncode == 0, err[-3000:]
     assert out.count("finished at epoch 12") == 2
-    assert _record(tmp_path / "local.lock") == {}
+    assert not (tmp_path / "local.lock").exists()
+
+
+@pytest.mark.parametrize("store", ["gcs", "s3"])
+def test_the_lock_on_an_object_store_is_an_object(store, request):
+    """On gs:// and s3:// a live holder's lock object refuses, a lapsed one is taken over."""
+    prefix = request.getfixturevalue(f"{store}_prefix")
+    path = f"{prefix}/local.lock"
+    live = dataclasses.replace(lock.Holder.me(), host="node-7", pid=4242)
+    fs.write_text(path, json.dumps(dataclasses.asdict(live)))
+    with pytest.raises(
+        jaxjob.CheckpointInUseError, match=r"another writer \(host 'node-7', pid 4242"
+    ):
+        jaxjob.CheckpointManager(prefix).init()
+    lapsed = dataclasses.replace(live, renewed=time.time() - lock.LEASE_S - 5)
+    fs.write_text(path, json.dumps(dataclasses.asdict(lapsed)))
+    ckpt = jaxjob.CheckpointManager(prefix)
+    ckpt.init()
+    assert json.loads(fs.read_text(path))["pid"] == os.getpid()
+    ckpt.close()
+    assert not fs.exists(path)
