@@ -432,17 +432,18 @@ class CheckpointManager(ManagerCore):
         """Whether this process is the one that deletes (process 0, or the owner)."""
         return jax.process_index() == (self.owner_process or 0)
 
-    def _take_lock(self) -> OSError | None:
+    def _take_lock(self) -> Exception | None:
         """Takes the node's lock once, then removes what killed saves left.
 
         Returns:
-            The error making ``db_prefix`` unwritable, if it is (not holding the lock).
+            The error making ``db_prefix`` unwritable (not holding the lock),
+            or the lock lost to another writer, if so.
 
         Raises:
             CheckpointInUseError: If another live process writes this node here.
         """
         if self._lock is not None:
-            return None
+            return self._lock.lost()
         try:
             if self._private or jax.process_count() == 1:  # else process 0 creates it
                 _prepare_prefix(self._db_prefix)

@@ -211,6 +211,7 @@ class WriterLock:
         self.lease_s = lease_s
         self._record = (_RemoteRecord if fs.is_remote(self.path) else _LocalRecord)(self.path)
         self._holder: Holder | None = None
+        self.lost: str | None = None  # why this process no longer holds the lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -254,8 +255,12 @@ class WriterLock:
         while not self._stop.wait(self.lease_s / 4):
             try:
                 self._record.change(self._renewed)
-            except (OSError, CheckpointInUseError) as err:
+            except OSError as err:  # retried at the next renewal, within the lease
                 logger.error("Could not renew the lock %s: %s", self.path, err)
+            except CheckpointInUseError as err:
+                self.lost = str(err)
+                logger.error("Lost the lock %s: %s", self.path, err)
+                return
 
     def _renewed(self, current: Holder | None) -> Holder | None:
         if current is None or self._holder is None or current.token != self._holder.token:
@@ -285,6 +290,17 @@ class Handle:
 
     def __init__(self, path: str | None) -> None:
         self._path = path
+
+    def lost(self) -> CheckpointInUseError | None:
+        """The error to raise if another writer took the lock over (this process's part)."""
+        with _registry_lock:
+            entry = _registry.get(self._path) if self._path else None
+        if entry is None or entry[0].lost is None:
+            return None
+        return CheckpointInUseError(
+            f"{self._path}: this process's lease lapsed and another writer took the lock "
+            f"over ({entry[0].lost}); stop this run"
+        )
 
     def release(self) -> None:
         """Gives this share back; the lock is released with the last share of the process."""

@@ -114,7 +114,8 @@ class Retention:
         common = common_epochs(self.db_prefix, self.node_names)
         if not common:
             return []
-        kept = keep.kept(self.policies, common, self._epoch_metrics(common)) | {writing}
+        metrics, unknown = self._epoch_metrics(common)
+        kept = keep.kept(self.policies, common, metrics) | {writing} | unknown
         every = set().union(*per_node.values())
         return sorted(e for e in every if e < common[-1] and e not in kept)
 
@@ -131,7 +132,16 @@ class Retention:
             if fs.exists(path):
                 self._remove(path, fs.rmtree)
         deleted = []
-        for epoch in self.doomed(writing):
+        try:
+            doomed = self.doomed(writing)
+        except OSError as err:
+            logger.warning(
+                "Retention could not list %s (retried after the next commit): %s",
+                self.db_prefix,
+                err,
+            )
+            return []
+        for epoch in doomed:
             paths = [db_name(epoch, n, self.db_prefix) for n in self.node_names]
             results = [self._remove(p, delete_epoch) for p in paths if fs.exists(p)]
             if all(results):
@@ -151,17 +161,31 @@ class Retention:
             return False
         return True
 
-    def _epoch_metrics(self, epochs: Sequence[int]) -> dict[int, dict[str, float]]:
-        if not keep.metric_names(self.policies):
-            return {}
+    def _epoch_metrics(self, epochs: Sequence[int]) -> tuple[dict[int, dict[str, float]], set[int]]:
+        """Each epoch's metrics, and the epochs whose manifest could not be read (kept)."""
         merged: dict[int, dict[str, float]] = {}
+        unknown: set[int] = set()
+        if not keep.metric_names(self.policies):
+            return merged, unknown
         for epoch in epochs:
             for node in self.node_names:
                 if (node, epoch) not in self._metrics:
-                    path = db_name(epoch, node, self.db_prefix)
-                    self._metrics[node, epoch] = manifest.read(path).metrics
+                    found = _read_metrics(db_name(epoch, node, self.db_prefix))
+                    if found is None:
+                        unknown.add(epoch)
+                        continue
+                    self._metrics[node, epoch] = found
                 merged.setdefault(epoch, {}).update(self._metrics[node, epoch])
-        return merged
+        return merged, unknown
+
+
+def _read_metrics(path: str) -> dict[str, float] | None:
+    """The metrics in the manifest of ``path``; None (logged) if it cannot be read."""
+    try:
+        return manifest.read(path).metrics
+    except (OSError, ValueError) as err:
+        logger.warning("Retention keeps %s: its manifest cannot be read: %s", path, err)
+        return None
 
 
 def _asides(path: str, marker: str) -> list[str]:
