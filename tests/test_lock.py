@@ -137,10 +137,11 @@ def test_second_process_fails_then_takes_over_once_the_holder_is_killed(tmp_path
 
 
 def test_processes_of_one_job_share_one_lock(tmp_path):
-    """Under launch -n 2, process 0 holds the job's lock; another run fails naming the job."""
+    """Under launch -n 2, process 0 holds the job's lock and alone applies keep=Last(2)."""
     job = subprocess.Popen(
         [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable, SCRIPT]
-        + [str(tmp_path), os.devnull, "--epochs", "12", "--sleep-per-epoch", "0.3"],
+        + [str(tmp_path), os.devnull, "--epochs", "12", "--sleep-per-epoch", "0.3"]
+        + ["--keep", "keep.Last(2)"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -163,6 +164,7 @@ def test_processes_of_one_job_share_one_lock(tmp_path):
     assert job.returncode == 0, err[-3000:]
     assert out.count("finished at epoch 12") == 2
     assert not (tmp_path / "local.lock").exists()
+    assert jaxjob.CheckpointManager(str(tmp_path)).committed_epochs() == [11, 12]  # one deleter
 
 
 @pytest.mark.parametrize("store", ["gcs", "s3"])
