@@ -136,6 +136,7 @@ def test_second_process_fails_then_takes_over_once_the_holder_is_killed(tmp_path
     assert not (tmp_path / "local.lock").exists()  # released at exit
 
 
+@pytest.mark.slow
 def test_processes_of_one_job_share_one_lock(tmp_path):
     """Under launch -n 2, process 0 holds the job's lock and alone applies keep=Last(2)."""
     job = subprocess.Popen(
