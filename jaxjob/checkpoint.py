@@ -10,7 +10,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob import boundary, fs, hosts, manifest, orbax_adapter, storage
+from jaxjob import boundary, fs, hosts, lock, manifest, orbax_adapter, retention, storage
+from jaxjob import keep as keep_lib
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import db_name, is_committed
@@ -86,6 +87,19 @@ class CheckpointManager(ManagerCore):
             waits on the other processes. Its leaves must live on that
             process's devices. None (the default): every process saves its
             part of every checkpoint together (SPMD).
+        keep: Which committed epochs to keep: a policy of :mod:`jaxjob.keep`
+            or a list of them (their union); None keeps every epoch. The
+            newest committed epoch and the epoch being written are never
+            deleted; deletion runs after a newer epoch has committed, on one
+            process (process 0, or ``owner_process``), and a failed deletion
+            is logged and retried after the next commit.
+
+    The manager writes only while it holds the node's lock
+    (``<db_prefix>/<node>.lock``, see :mod:`jaxjob.lock`), taken by
+    :meth:`init` or the first :meth:`save`: another live writer of this node
+    under this ``db_prefix`` makes them raise
+    :class:`~jaxjob.CheckpointInUseError`. Once it holds the lock, it removes
+    what killed saves left. :meth:`close` (or the process's exit) releases it.
 
     In a multi-process job every process makes the same calls (SPMD): each
     :meth:`save` first checks, with every other process, that the previous
@@ -115,6 +129,7 @@ class CheckpointManager(ManagerCore):
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
         owner_process: int | None = None,
+        keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
     ) -> None:
         options = CheckpointOptions(
             async_save=async_save,
@@ -122,7 +137,7 @@ class CheckpointManager(ManagerCore):
             write_timeout_s=write_timeout_s,
             host_map=host_map,
         )
-        super().__init__(db_prefix, db_type, metadata_handler, options)
+        super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep)
         self.owner_process = check_owner(owner_process)
         self._private = owner_process is not None
         self._exchange_stats = not self._private
@@ -135,6 +150,12 @@ class CheckpointManager(ManagerCore):
         self._current_db_name: str | None = None
         self._current_stats: dict[str, Any] | None = None
         self.failures: list[CheckpointSaveError] = []
+        self._lock: lock.Handle | None = None
+        self._retention = (
+            retention.Retention(self._db_prefix, [self._node_name], self._keep)
+            if self._keep
+            else None
+        )
 
     def __repr__(self) -> str:
         return f"CheckpointManager({self._db_prefix!r}, node_name={self._node_name!r})"
@@ -167,14 +188,18 @@ class CheckpointManager(ManagerCore):
     ) -> None:
         """Prepares to save or load; with ``retrieve_from_epoch`` the leaf names come from it.
 
+        Takes the node's lock (see :mod:`jaxjob.lock`); call it on every process.
+
         Raises:
             ValueError: If more than one node is given.
+            CheckpointInUseError: If another live process writes this node here.
         """
         if nodes is not None and len(nodes) > 1:
             raise ValueError(
                 f"CheckpointManager handles one node, got nodes={list(nodes)}; "
                 "use MultiNodeCheckpointManager for several"
             )
+        self._take_lock()  # an unwritable db_prefix is reported by the first save, which retries
         if retrieve_from_epoch is not None:
             _, found = self._checkpoint(retrieve_from_epoch, path_prefix, path_type)
             self._blob_names = found.state_keys
@@ -318,15 +343,19 @@ class CheckpointManager(ManagerCore):
             CheckpointSaveError: If this save cannot start on another
                 process, or the previous async save failed on some process
                 (raised after this epoch's save has started).
+            CheckpointInUseError: If another live process writes this node here.
             HostTimeoutError: If another process does not arrive in time.
         """
         self._check_writer()
+        unwritable = self._take_lock()
         started = self._pending.started if self._pending else None
         previous = self._finish_pending()
         path = db_name(epoch, self._node_name, self._db_prefix)
         found, encoded, problem, digests, superseded = None, None, None, {}, None
         start = time.perf_counter()
         try:
+            if unwritable is not None:
+                raise unwritable
             found, flat = manifest.build(
                 epoch,
                 self._node_name,
@@ -334,6 +363,8 @@ class CheckpointManager(ManagerCore):
                 Workspace(outputs or {}),
                 self.owner_process,
             )
+            metrics = retention.metrics_of(self.required_outputs, outputs or {}, workspace)
+            found = dataclasses.replace(found, metrics=metrics)
             encoded, digests = storage.encode(found, flat, self._private)
             _prepare_prefix(self._db_prefix)
             self._manifests.pop(path, None)
@@ -352,6 +383,7 @@ class CheckpointManager(ManagerCore):
             self._record_failure(epoch, path, problem)
         if not self.options.async_save and problem is None:
             previous = previous or self._finish_pending()
+        self._retain()
         if problem is not None:
             raise problem
         if previous is not None:
@@ -396,6 +428,42 @@ class CheckpointManager(ManagerCore):
         disagreement = boundary.mismatch(posts)
         return previous, (ValueError(disagreement) if disagreement else None)
 
+    def _deletes(self) -> bool:
+        """Whether this process is the one that deletes (process 0, or the owner)."""
+        return jax.process_index() == (self.owner_process or 0)
+
+    def _take_lock(self) -> Exception | None:
+        """Takes the node's lock once, then removes what killed saves left.
+
+        Returns:
+            The error making ``db_prefix`` unwritable (not holding the lock),
+            or the lock lost to another writer, if so.
+
+        Raises:
+            CheckpointInUseError: If another live process writes this node here.
+        """
+        if self._lock is not None:
+            return self._lock.lost()
+        try:
+            if self._private or jax.process_count() == 1:  # else process 0 creates it
+                _prepare_prefix(self._db_prefix)
+            self._lock = lock.acquire(
+                self._db_prefix,
+                self._node_name,
+                owner_process=self.owner_process,
+                timeout_s=self.timeout_s,
+            )
+        except OSError as err:
+            return err
+        if self._deletes():
+            retention.sweep(self._db_prefix, self._node_name)
+        return None
+
+    def _retain(self) -> None:
+        """Applies ``keep`` after a commit, on the deleting process; never raises."""
+        if self._retention is not None and self._deletes():
+            self._retention.apply(writing=self._pending.epoch if self._pending else None)
+
     def _check_writer(self) -> None:
         if self._private and jax.process_index() != self.owner_process:
             raise ValueError(
@@ -412,6 +480,7 @@ class CheckpointManager(ManagerCore):
             logger.debug("Saving epoch %d to %s", epoch, path)
             self._get_saver().save(path, args=args)
         except Exception as err:
+            self._remove_failed(path)
             _put_back(path, pending)
             return self._record_failure(epoch, path, err)
         self._pending = pending
@@ -459,6 +528,7 @@ class CheckpointManager(ManagerCore):
             if isinstance(self._saver, ocp.AsyncCheckpointer):
                 self._saver.wait_until_finished()
         except Exception as err:
+            self._remove_failed(pending.db)
             _put_back(pending.db, pending)
             self._flush_metadata(committed=False)
             return self._record_failure(pending.epoch, pending.db, err)
@@ -468,6 +538,10 @@ class CheckpointManager(ManagerCore):
             self._current_stats["commit_s"] = time.perf_counter() - pending.started
         self._flush_metadata(committed=True)
         return None
+
+    def _remove_failed(self, path: str) -> None:
+        if self._deletes():
+            retention.remove_failed(path)
 
     def finish_local(self) -> list[CheckpointSaveError]:
         """Completes this process's save in flight, without waiting on other processes.
@@ -489,6 +563,7 @@ class CheckpointManager(ManagerCore):
         failure = self._finish_pending()
         if jax.process_count() > 1 and not self._private:
             failure, _ = self._agree(None, None, failure, None, started=started)
+        self._retain()
         if failure is not None:
             raise failure
 
@@ -497,6 +572,9 @@ class CheckpointManager(ManagerCore):
             if checkpointer is not None:
                 checkpointer.close()
         self._saver = self._reader = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
         """Adds the last action's stats to ``stats``, keyed by checkpoint directory."""

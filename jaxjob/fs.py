@@ -31,6 +31,7 @@ __all__ = [
     "makedirs",
     "normalize",
     "read_text",
+    "remove",
     "rename",
     "rmtree",
     "size",
@@ -123,6 +124,11 @@ def makedirs(path: str) -> None:
 def rmtree(path: str) -> None:
     """Removes the directory (or prefix) ``path`` and everything under it."""
     _p(path).rmtree()
+
+
+def remove(path: str) -> None:
+    """Removes the file or object at ``path``."""
+    _p(path).unlink()
 
 
 def rename(src: str, dst: str) -> None:

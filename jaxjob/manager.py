@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import jax
 
 from jaxjob import boundary, fs, hosts
+from jaxjob import keep as keep_lib
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import common_epochs
@@ -180,7 +181,10 @@ class ManagerCore:
         db_type: str,
         metadata_handler: MetadataHandler | None,
         options: CheckpointOptions,
+        *,
+        keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
     ) -> None:
+        self._keep = keep_lib.normalize(keep)
         self._db_prefix = fs.normalize(db_prefix, "db_prefix")
         self._db_type = check_db_type(db_type, "db_type")
         self._metadata_handler = metadata_handler or DiskMetadataHandler()
@@ -196,8 +200,8 @@ class ManagerCore:
 
     @property
     def required_outputs(self) -> tuple[str, ...]:
-        """Names of epoch-group outputs the runner passes to :meth:`save`; none by default."""
-        return ()
+        """Epoch-group outputs the runner passes to :meth:`save`: what ``keep`` ranks by."""
+        return keep_lib.metric_names(self._keep)
 
     @property
     def timeout_s(self) -> float:

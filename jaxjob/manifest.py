@@ -43,6 +43,8 @@ class Manifest:
         state: Persistent name -> JSON tree structure.
         outputs: Saved stop-condition output name -> JSON tree structure.
         leaves: Stored name -> :class:`~jaxjob.codec.LeafSpec`.
+        metrics: Scalars that retention ranks by (:class:`jaxjob.keep.Best`),
+            name -> value; read without reading any array.
     """
 
     epoch: int
@@ -53,6 +55,7 @@ class Manifest:
     state: dict[str, Any]
     outputs: dict[str, Any]
     leaves: dict[str, codec.LeafSpec]
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def state_keys(self) -> list[str]:
@@ -104,6 +107,7 @@ class Manifest:
                 state=dict(doc[STATE]),
                 outputs=dict(doc[OUTPUTS]),
                 leaves={spec.name: spec for spec in leaves},
+                metrics={str(k): float(v) for k, v in doc.get("metrics", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"the manifest of {where!r} is malformed: {err}") from None

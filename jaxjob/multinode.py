@@ -8,7 +8,8 @@ from typing import Any
 
 import jax
 
-from jaxjob import boundary, hosts
+from jaxjob import boundary, hosts, retention
+from jaxjob import keep as keep_lib
 from jaxjob.checkpoint import CheckpointManager
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
@@ -50,6 +51,11 @@ class MultiNodeCheckpointManager(ManagerCore):
             process saves together); :meth:`load_blobs_locally` reads every
             node's checkpoint on the calling process alone. A save failure of
             any process's node is raised (or logged) on every process.
+        keep: Which committed epochs to keep (see
+            :class:`~jaxjob.checkpoint.CheckpointManager`); an epoch is
+            deleted for every node together, by process 0.
+
+    Each node's manager takes that node's lock (see :mod:`jaxjob.lock`).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, jaxjob
@@ -72,6 +78,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
         node_processes: Mapping[str, int] | None = None,
+        keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
     ) -> None:
         options = CheckpointOptions(
             async_save=async_save,
@@ -79,7 +86,8 @@ class MultiNodeCheckpointManager(ManagerCore):
             write_timeout_s=write_timeout_s,
             host_map=host_map,
         )
-        super().__init__(db_prefix, db_type, metadata_handler, options)
+        super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep)
+        self._retention: retention.Retention | None = None
         self._node_processes = {str(k): check_owner(v) for k, v in (node_processes or {}).items()}
         self._node_managers: list[tuple[str, CheckpointManager]] | None = None
         self._key_nodes: dict[str, str] = {}
@@ -130,6 +138,13 @@ class MultiNodeCheckpointManager(ManagerCore):
             )
             for name in names
         ]
+        if self._keep:
+            self._retention = retention.Retention(self._db_prefix, names, self._keep)
+
+    def _retain(self, writing: int | None) -> None:
+        """Applies ``keep`` to every node together, on process 0; never raises."""
+        if self._retention is not None and jax.process_index() == 0:
+            self._retention.apply(writing=writing)
 
     def init(
         self,
@@ -302,6 +317,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         previous = self._share_failure(f"the node writes before epoch {epoch}", previous)
         self._metadata_due = due
         self._flush_metadata(committed=previous is None)
+        self._retain(writing=epoch)
         if previous is not None:
             raise previous
 
@@ -322,6 +338,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         shared = self._share_failure("the end of the node saves", failures[0] if failures else None)
         failures = [shared] if shared and not failures else failures
         self._flush_metadata(committed=not failures)
+        self._retain(writing=None)
         if failures:
             raise failures[0]
 

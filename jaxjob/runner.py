@@ -237,7 +237,8 @@ class JobRunner:
         stopped = self._any_process(f"the stop conditions of epoch {epoch}", any(values))
         save_time_s = 0.0
         if self.checkpoint_manager is not None:
-            outputs = {k: run[k] for k in read if k in run and k not in session.workspace}
+            wanted = [*read, *self.checkpoint_manager.required_outputs]
+            outputs = {k: run[k] for k in wanted if k in run and k not in session.workspace}
             jax.block_until_ready(run)  # the save's copy would wait for it: not save time
             saving = time.perf_counter()
             self.save_checkpoints(epoch, session, outputs=outputs)

@@ -95,7 +95,7 @@ def test_resave_of_a_committed_epoch_replaces_it(tmp_path):
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     ckpt.save(1, {"x": jnp.zeros(2)})
     ckpt.save(1, {"x": jnp.ones(2)})
-    ckpt.wait_until_finished()
+    ckpt.close()  # releases the writer's lock file, local.lock
     assert ckpt.load(1)["x"].tolist() == [1.0, 1.0]
     assert os.listdir(tmp_path) == ["local.1"]  # the superseded copy is gone
 

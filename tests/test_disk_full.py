@@ -1,0 +1,95 @@
+"""Failed and killed saves: a full disk for real (a small tmpfs), and the temporaries left."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from long_job import reference
+
+import jaxjob
+from jaxjob import faults
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
+SIZE = 262144  # float32 leaves: each checkpoint is about 1 MiB
+
+
+def _run(ckpt, out, *extra, env=None):
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, str(ckpt), str(out), "--size", str(SIZE), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("SAVE_ERRORS ")]
+    return proc, json.loads(errors[-1].split(" ", 1)[1]) if errors else None
+
+
+def _same_workspace(a, b):
+    with np.load(a) as x, np.load(b) as y:
+        assert list(x["kinds"]) == list(y["kinds"])
+        for name in x.files:
+            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs with room for three checkpoints, unmounted at teardown."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3400k", "tmpfs", str(disk)], capture_output=True
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {mount.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def _listing(path):
+    return sorted(n for n in os.listdir(path) if n != "jaxjob_metadata.jsonl")
+
+
+def test_disk_full_keeps_older_epochs_and_a_later_run_resumes(small_disk, tmp_path):
+    """ENOSPC: warn goes on reporting each epoch, raise raises, nothing partial; then it resumes."""
+    ckpt = small_disk / "run"
+    proc, errors = _run(ckpt, os.devnull)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert errors == [3, 4, 5, 6, 7, 8]  # every failed epoch reported, training went on
+    assert "Unable to write checkpoint for epoch 3" in proc.stderr
+    assert "No space left on device" in proc.stderr
+    assert _listing(ckpt) == ["local.0", "local.1", "local.2"]  # no temporaries
+    for epoch in (0, 1, 2):
+        assert jaxjob.restore(str(ckpt), epoch=epoch, leaves=["w"])["w"].shape == (SIZE,)
+
+    proc, errors = _run(ckpt, os.devnull, "--on-save-error", "raise")
+    assert proc.returncode == 1
+    assert "CheckpointSaveError: saving checkpoint epoch 3" in proc.stderr
+    assert "No space left on device" in proc.stderr
+    assert _listing(ckpt) == ["local.0", "local.1", "local.2"]
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    proc, errors = _run(ckpt, tmp_path / "out.npz")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert errors == [] and "Resuming from epoch 2" in proc.stderr
+    reference(tmp_path / "ref.npz", size=SIZE)
+    _same_workspace(tmp_path / "ref.npz", tmp_path / "out.npz")
+
+
+def test_temporaries_of_a_killed_save_are_removed_by_the_next_writer(tmp_path):
+    """Killed before its commit, a save leaves a temporary; the next run removes it, quietly."""
+    proc, _ = _run(tmp_path / "ckpt", os.devnull, env={faults.KILL_AT_ENV: "save.commit:3"})
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    (tmp,) = glob.glob(str(tmp_path / "ckpt" / "local.2.orbax-checkpoint-tmp*"))
+    proc, errors = _run(tmp_path / "ckpt", tmp_path / "out.npz")
+    assert proc.returncode == 0 and errors == [], proc.stderr[-3000:]
+    assert "Attempted to create temporary directory" not in proc.stderr  # Orbax's absl warning
+    removed = [line for line in proc.stderr.splitlines() if "Removed leftovers" in line]
+    assert len(removed) == 1 and os.path.basename(tmp) in removed[0]
+    assert _listing(tmp_path / "ckpt") == [f"local.{e}" for e in range(9)]
+    reference(tmp_path / "ref.npz", size=SIZE)
+    _same_workspace(tmp_path / "ref.npz", tmp_path / "out.npz")

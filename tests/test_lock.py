@@ -1,0 +1,188 @@
+"""One writer per node and directory: the lock, its takeover, and sharing it within a job."""
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxjob
+from jaxjob import faults, fs, lock
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
+
+
+def _write_record(path, **changes):
+    holder = dataclasses.replace(lock.Holder.me(), **changes)
+    path.write_text(json.dumps(dataclasses.asdict(holder)))
+    return holder
+
+
+def _record(path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_a_live_holder_on_another_host_makes_init_fail_naming_it(tmp_path):
+    """A lease renewed just now by another host: init raises CheckpointInUseError naming it."""
+    _write_record(tmp_path / "local.lock", host="node-7", pid=4242, started=0.0)
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    with pytest.raises(
+        jaxjob.CheckpointInUseError,
+        match=r"another writer \(host 'node-7', pid 4242, started 1970-01-01 00:00:00 UTC\)",
+    ):
+        ckpt.init()
+    with pytest.raises(jaxjob.CheckpointInUseError, match="node-7"):
+        ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(2)}))
+    assert sorted(os.listdir(tmp_path)) == ["local.lock"]  # nothing written
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [
+        {"host": "node-7", "renewed": time.time() - lock.LEASE_S - 5},  # lease expired
+        {"pid": 2**22 + 17},  # same host, no such pid
+        {"pid_start": "1"},  # same host, the pid now belongs to another process
+    ],
+)
+def test_a_dead_holders_lock_is_taken_over(tmp_path, stale, caplog):
+    """A holder whose lease lapsed or whose pid is gone is taken over, with one INFO line."""
+    caplog.set_level("INFO", logger="jaxjob")
+    pid = stale.get("pid", os.getppid() if "pid_start" in stale else os.getpid())
+    _write_record(tmp_path / "local.lock", **{**stale, "pid": pid})
+    ckpt = jaxjob.CheckpointManager(str(tmp_path), async_save=False)
+    ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(2)}))
+    assert "Taking over the lock" in caplog.text
+    record = _record(tmp_path / "local.lock")
+    assert (record["host"], record["pid"]) == (socket.gethostname(), os.getpid())
+    ckpt.close()
+    assert not (tmp_path / "local.lock").exists()  # released
+
+
+def test_managers_of_one_process_share_the_lock_and_reading_needs_none(tmp_path):
+    """A re-created manager in the same process does not block itself; readers never lock."""
+    first = jaxjob.CheckpointManager(str(tmp_path), async_save=False)
+    first.save(0, jaxjob.Workspace({"w": jnp.ones(2)}))
+    second = jaxjob.CheckpointManager(str(tmp_path), async_save=False)  # a re-run notebook cell
+    second.save(1, jaxjob.Workspace({"w": jnp.zeros(2)}))
+    first.close()
+    assert _record(tmp_path / "local.lock")["pid"] == os.getpid()  # second still holds it
+    second.close()
+    assert not (tmp_path / "local.lock").exists()
+    _write_record(tmp_path / "local.lock", host="node-7")  # a live writer elsewhere
+    np.testing.assert_array_equal(jaxjob.restore(str(tmp_path), leaves=["w"])["w"], [0.0, 0.0])
+    np.testing.assert_array_equal(jaxjob.CheckpointManager(str(tmp_path)).load(0)["w"], [1, 1])
+
+
+def test_the_holder_renews_its_lease_in_the_background(tmp_path):
+    """The lease's renewal time advances while the lock is held, and stops on release."""
+    held = lock.WriterLock(str(tmp_path), "local", lease_s=0.4)
+    held.take()
+    first = _record(tmp_path / "local.lock")["renewed"]
+    time.sleep(0.6)
+    renewed = _record(tmp_path / "local.lock")["renewed"]
+    held.release()
+    assert renewed > first
+    assert not (tmp_path / "local.lock").exists()
+
+
+def _child(ckpt, *extra, env=None):
+    return subprocess.Popen(
+        [sys.executable, SCRIPT, str(ckpt), os.devnull, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _wait_for_holder(path, pids, timeout_s=120):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (_record(path) or {}).get("pid") in pids:
+            return _record(path)
+        time.sleep(0.1)
+    raise AssertionError(f"no process of {pids} took the lock {path}")
+
+
+def test_second_process_fails_then_takes_over_once_the_holder_is_killed(tmp_path):
+    """A second run on a live writer's directory fails naming it; after kill -9 it takes over."""
+    holder = _child(tmp_path, "--epochs", "1000", "--sleep-per-epoch", "0.2")
+    try:
+        _wait_for_holder(tmp_path / "local.lock", {holder.pid})
+        second = _child(tmp_path, "--epochs", "2")
+        out, err = second.communicate(timeout=300)
+        assert second.returncode == 3, err[-2000:]
+        assert f"host {socket.gethostname()!r}, pid {holder.pid}, started " in out
+        assert "Saving epoch" not in err
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    dying = _child(tmp_path, "--epochs", "2", env={faults.KILL_AT_ENV: "lock.takeover"})
+    dying.communicate(timeout=300)
+    assert dying.returncode == -signal.SIGKILL  # killed while taking over: nothing changed
+    assert _record(tmp_path / "local.lock")["pid"] == holder.pid
+    third = _child(tmp_path, "--epochs", "2")
+    out, err = third.communicate(timeout=300)
+    assert third.returncode == 0, err[-2000:]
+    assert f"Taking over the lock {tmp_path}/local.lock of a dead writer" in err
+    assert f"pid {holder.pid}" in err
+    assert not (tmp_path / "local.lock").exists()  # released at exit
+
+
+@pytest.mark.slow
+def test_processes_of_one_job_share_one_lock(tmp_path):
+    """Under launch -n 2, process 0 holds the job's lock and alone applies keep=Last(2)."""
+    job = subprocess.Popen(
+        [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable, SCRIPT]
+        + [str(tmp_path), os.devnull, "--epochs", "12", "--sleep-per-epoch", "0.3"]
+        + ["--keep", "keep.Last(2)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _record(tmp_path / "local.lock"):
+            assert time.monotonic() < deadline and job.poll() is None, job.stderr.read()[-3000:]
+            time.sleep(0.1)
+        record = _record(tmp_path / "local.lock")
+        assert record["processes"] == 2
+        other = _child(tmp_path, "--epochs", "2")
+        out, err = other.communicate(timeout=300)
+        assert other.returncode == 3, err[-2000:]
+        assert f"pid {record['pid']} (process 0 of a 2-process job)" in out
+        out, err = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, err[-3000:]
+    assert out.count("finished at epoch 12") == 2
+    assert not (tmp_path / "local.lock").exists()
+    assert jaxjob.CheckpointManager(str(tmp_path)).committed_epochs() == [11, 12]  # one deleter
+
+
+@pytest.mark.parametrize("store", ["gcs", "s3"])
+def test_the_lock_on_an_object_store_is_an_object(store, request):
+    """On gs:// and s3:// a live holder's lock object refuses, a lapsed one is taken over."""
+    prefix = request.getfixturevalue(f"{store}_prefix")
+    path = f"{prefix}/local.lock"
+    live = dataclasses.replace(lock.Holder.me(), host="node-7", pid=4242)
+    fs.write_text(path, json.dumps(dataclasses.asdict(live)))
+    with pytest.raises(
+        jaxjob.CheckpointInUseError, match=r"another writer \(host 'node-7', pid 4242"
+    ):
+        jaxjob.CheckpointManager(prefix).init()
+    lapsed = dataclasses.replace(live, renewed=time.time() - lock.LEASE_S - 5)
+    fs.write_text(path, json.dumps(dataclasses.asdict(lapsed)))
+    ckpt = jaxjob.CheckpointManager(prefix)
+    ckpt.init()
+    assert json.loads(fs.read_text(path))["pid"] == os.getpid()
+    ckpt.close()
+    assert not fs.exists(path)
