@@ -10,8 +10,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob import boundary, fs, hosts, manifest, orbax_adapter, storage
-from jaxjob.errors import CheckpointSaveError
+from jaxjob import boundary, checksum, fs, hosts, manifest, orbax_adapter, storage
+from jaxjob.errors import CheckpointSaveError, CorruptCheckpointError
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import db_name, is_committed
 from jaxjob.log import get_logger
@@ -256,6 +256,17 @@ class CheckpointManager(ManagerCore):
         path, found = self._checkpoint(epoch, path_prefix, path_type)
         self._blob_names = found.state_keys
         return self._timed_load(path, found, self._blob_names, targets=targets)
+
+    def _verify_nodes(self, epoch: int, nodes: Sequence[str]) -> list[str]:
+        """Verifies through this manager's cached manifest and reader when it reads alone."""
+        if list(nodes) != [self._node_name] or (jax.process_count() > 1 and not self._private):
+            return super()._verify_nodes(epoch, nodes)
+        try:
+            path, found = self._checkpoint(epoch)
+            records = checksum.read_records(path, found)
+        except CorruptCheckpointError as err:
+            return [str(err)]
+        return checksum.check_all(self._get_reader(), path, found, records)
 
     def saved_shapes(self, epoch: int) -> dict[str, Any]:
         """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""
