@@ -11,7 +11,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxjob import boundary, checksum, fs, hosts, manifest, orbax_adapter, storage
-from jaxjob.errors import CheckpointSaveError, CorruptCheckpointError
+from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import db_name, is_committed
 from jaxjob.log import get_logger
@@ -264,7 +264,7 @@ class CheckpointManager(ManagerCore):
         try:
             path, found = self._checkpoint(epoch)
             records = checksum.read_records(path, found)
-        except CorruptCheckpointError as err:
+        except ValueError as err:  # CorruptCheckpointError, or a malformed manifest
             return [str(err)]
         return checksum.check_all(self._get_reader(), path, found, records)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = ["ALGORITHM", "digest", "doc_checksum", "verify_checkpoint"]
 
 ALGORITHM = "crc32"
 SELF_KEY = "self_checksum"
+FILE_NAME = re.compile(r"checksums\.[0-9]+\.json")
 Index = tuple[tuple[int, int], ...]
 Record = tuple[Index, int, int]  # (index ranges, crc, saving process)
 
@@ -150,6 +152,8 @@ def read_records(path: str, found: Any) -> dict[str, list[Record]]:
     """
     records: dict[str, list[Record]] = {}
     for name in (found.checksums or {}).get("files", []):
+        if not isinstance(name, str) or not FILE_NAME.fullmatch(name):
+            raise corrupt(found.epoch, path, f"the manifest names a checksum file {name!r}")
         file = fs.join(path, "jaxjob", name)
         doc = _load_doc(file, found.epoch, path)
         try:
@@ -300,7 +304,7 @@ def verify_checkpoint(path: str) -> list[str]:
     try:
         found = manifest.read(path)
         records = read_records(path, found)
-    except CorruptCheckpointError as err:
+    except ValueError as err:  # CorruptCheckpointError, or a malformed manifest
         return [str(err)]
     handler = storage.composite_handler(path, private=True)
     reader = orbax_adapter.checkpointer(path, handler, private=True)

@@ -110,7 +110,7 @@ class Manifest:
                 state=dict(doc[STATE]),
                 outputs=dict(doc[OUTPUTS]),
                 leaves={spec.name: spec for spec in leaves},
-                checksums=doc.get("checksums"),
+                checksums=None if doc.get("checksums") is None else dict(doc["checksums"]),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"the manifest of {where!r} is malformed: {err}") from None
@@ -164,10 +164,16 @@ def read(path: str) -> Manifest:
 
     Raises:
         FileNotFoundError: If ``path`` is not a jaxjob checkpoint directory.
-        CorruptCheckpointError: If the manifest is not valid JSON or fails its checksum.
+        CorruptCheckpointError: If the manifest is not valid JSON or fails its
+            checksum, or a file under ``path`` is a link leading outside it.
         ValueError: If the manifest is of another format or malformed.
     """
     file = fs.join(path, MANIFEST_ITEM, MANIFEST_FILE)
+    leaving = fs.links_leaving(path)
+    if leaving:
+        raise checksum.corrupt(
+            _epoch_of(path), path, f"links to files outside the checkpoint: {leaving}"
+        )
     try:
         text = fs.read_text(file)
     except FileNotFoundError:
