@@ -46,7 +46,11 @@ def _write(file, data, mode="w"):
 
 def flip_bytes(path):
     """Inverts 64 bytes in the middle of the largest data file."""
-    file = largest_data_file(path)
+    flip_file(largest_data_file(path))
+
+
+def flip_file(file):
+    """Inverts 64 bytes in the middle of ``file``."""
     data = bytearray(_read(file, "rb"))
     middle = len(data) // 2
     data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])

@@ -12,7 +12,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_checksum import largest_data_file
+from test_checksum import flip_file, largest_data_file
 
 import jaxjob
 from jaxjob import checksum
@@ -215,21 +215,12 @@ def test_a_data_file_linked_to_other_bytes_inside_is_caught_by_its_checksum(save
     victim = largest_data_file(path)
     other = os.path.join(path, "state", "other")
     shutil.copy(victim, other)
-    flip_bytes_in(other)
+    flip_file(other)
     os.remove(victim)
     os.symlink("../../other" if "ocdbt.process" in victim else "../other", victim)
     assert os.path.realpath(victim) == os.path.realpath(other)
     with pytest.raises(jaxjob.CorruptCheckpointError, match=r"leaf \['w'\].*epoch 1"):
         jaxjob.restore(path)
-
-
-def flip_bytes_in(file):
-    with open(file, "rb") as f:
-        data = bytearray(f.read())
-    middle = len(data) // 2
-    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
-    with open(file, "wb") as f:
-        f.write(data)
 
 
 def test_saving_over_an_epoch_linked_outside_deletes_nothing_outside(saved, tmp_path):
