@@ -167,13 +167,48 @@ def read_records(path: str, found: Any) -> dict[str, list[Record]]:
     return records
 
 
-def data_location(path: str, item: str, name: str, process: int) -> str:
-    """Where the bytes of stored leaf ``name`` saved by ``process`` are (file or directory)."""
-    ocdbt = fs.join(path, item, f"ocdbt.process_{process}")
+def data_location(path: str, item: str, name: str, process: int | None) -> str:
+    """The data files holding stored leaf ``name`` (of ``process``), else its directory.
+
+    In an OCDBT checkpoint the files come from TensorStore's dump of the
+    database's B-tree; if that cannot be read, the database directory.
+    """
+    files = _ocdbt_files(fs.join(path, item)).get(name, set())
+    mine = {f for f in files if process is not None and f"/ocdbt.process_{process}/" in f}
+    if mine or files:
+        return ", ".join(sorted(mine or files))
+    ocdbt = fs.join(path, item, f"ocdbt.process_{process or 0}")
     if fs.exists(ocdbt):
         return ocdbt
     plain = fs.join(path, item, name)
     return plain if fs.exists(plain) else fs.join(path, item)
+
+
+def _ocdbt_files(directory: str) -> dict[str, set[str]]:
+    """Stored name -> the files of the OCDBT database at local ``directory`` holding its chunks."""
+    if fs.is_remote(directory) or not fs.exists(fs.join(directory, "manifest.ocdbt")):
+        return {}
+    import tensorstore as ts
+
+    files: dict[str, set[str]] = {}
+    try:
+        base = ts.KvStore.open({"driver": "file", "path": directory + "/"}).result()
+        versions = ts.ocdbt.dump(base).result()["versions"]
+        nodes = [versions[-1]["root"]["location"]] if versions else []
+        while nodes:
+            location = nodes.pop()
+            for entry in ts.ocdbt.dump(base, location).result().get("entries", []):
+                name = str(entry.get("key", "")).removeprefix("b'").split("/", 1)[0]
+                if "indirect_value" in entry:  # value:<prefix>:<file>:<offset>:<length>
+                    _, prefix, file = entry["indirect_value"].split(":")[:3]
+                    files.setdefault(name, set()).add(fs.join(directory, prefix + file))
+                elif "inline_value" in entry:  # btreenode::<file>:<offset>:<length>
+                    node_file = location.split("::", 1)[1].rsplit(":", 2)[0]
+                    files.setdefault(name, set()).add(fs.join(directory, node_file))
+                nodes += [v for v in entry.values() if str(v).startswith("btreenode::")]
+    except Exception:  # only locates files for an error message: the directory is named instead
+        return {}
+    return files
 
 
 def _contains(outer: Index, inner: Index) -> bool:
@@ -218,7 +253,7 @@ def _held(value: Any) -> list[tuple[Index, np.ndarray]]:
 
 def describe(path: str, item: str, spec: Any, epoch: int, record: Record | None, why: str) -> str:
     """One line naming a damaged leaf, its epoch and file."""
-    process = record[2] if record is not None else 0
+    process = record[2] if record is not None else None
     where = data_location(path, item, spec.name, process)
     shard = ""
     if record is not None:

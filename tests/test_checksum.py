@@ -148,10 +148,13 @@ def test_a_damaged_checkpoint_fails_restore_naming_leaf_epoch_and_file(saved, tm
 def test_verify_reports_one_line_per_damaged_leaf(saved, tmp_path, kind):
     """verify_checkpoint and verify(epoch) give one line naming the damaged leaf or manifest."""
     prefix = _copy(saved, tmp_path)
-    CORRUPTIONS[kind](os.path.join(prefix, "local.1"))
-    lines = checksum.verify_checkpoint(os.path.join(prefix, "local.1"))
+    path = os.path.join(prefix, "local.1")
+    damaged = largest_data_file(path) if kind != "manifest" else "manifest.json"
+    CORRUPTIONS[kind](path)
+    lines = checksum.verify_checkpoint(path)
     assert len(lines) == 1
     assert re.search(NAMED[kind], lines[0]), lines
+    assert damaged in lines[0]  # the very file
     manager = jaxjob.CheckpointManager(prefix)
     assert manager.verify(1) == lines
     assert manager.verify(0) == []
