@@ -2,8 +2,8 @@
 
 When a checkpoint is saved, each process takes the host copy of every
 shard it writes (its replica-0 shards of each ``jax.Array``, its host-local
-rows, or, in a private checkpoint, whole NumPy arrays) and hashes it with
-CRC-32 in a background thread, while Orbax writes. Its records go to
+rows, or, in a private checkpoint, whole NumPy arrays) and hashes it in a
+background thread, while Orbax writes (:func:`digest`). Its records go to
 ``<checkpoint>/jaxjob/checksums.<process>.json`` (which carries its own
 checksum) before the checkpoint commits; the manifest names those files and
 carries its own checksum too. The logical bytes are hashed, not the files,
@@ -34,7 +34,8 @@ from jaxjob.errors import CorruptCheckpointError
 
 __all__ = ["ALGORITHM", "digest", "doc_checksum", "verify_checkpoint"]
 
-ALGORITHM = "crc32"
+ALGORITHM = "crc32-of-4k-sums"
+BLOCK = 4096  # bytes per summed block
 SELF_KEY = "self_checksum"
 FILE_NAME = re.compile(r"checksums\.[0-9]+\.json")
 Index = tuple[tuple[int, int], ...]
@@ -44,15 +45,27 @@ _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_pre
 
 
 def digest(array: np.ndarray) -> int:
-    """The CRC-32 of an array's bytes in C order.
+    """The checksum of an array's bytes in C order: CRC-32 of the sums of its 4 KiB blocks.
+
+    Each 4 KiB block is summed as 512 unsigned 64-bit words (wrapping), and
+    the CRC-32 of those sums (and of the bytes past the last whole block) is
+    the checksum. Any change within one 8-byte word, and reordered blocks,
+    always change it; any other change (a flipped run, a garbled chunk)
+    changes it unless it happens to preserve every block's sum. It runs at
+    memory speed, several times faster than a CRC-32 of every byte
+    (``benchmarks/checksum_cost.py``).
 
     Example:
         >>> import numpy as np
-        >>> digest(np.arange(4, dtype=np.int32)) == digest(np.arange(4, dtype=np.int32))
-        True
+        >>> a = np.arange(5000, dtype=np.float32)
+        >>> b = a.copy(); b[2500] += 1
+        >>> digest(a) == digest(a.copy()), digest(a) == digest(b)
+        (True, False)
     """
     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    return zlib.crc32(data)
+    whole = data.size // BLOCK * BLOCK
+    sums = np.add.reduce(data[:whole].view(np.uint64).reshape(-1, BLOCK // 8), axis=1)
+    return zlib.crc32(data[whole:], zlib.crc32(sums.astype("<u8").view(np.uint8)))
 
 
 def doc_checksum(doc: Mapping[str, Any]) -> int:
@@ -156,6 +169,12 @@ def read_records(path: str, found: Any) -> dict[str, list[Record]]:
             raise corrupt(found.epoch, path, f"the manifest names a checksum file {name!r}")
         file = fs.join(path, "jaxjob", name)
         doc = _load_doc(file, found.epoch, path)
+        if doc.get("algorithm") != ALGORITHM:
+            raise corrupt(
+                found.epoch,
+                path,
+                f"{file!r} uses checksum {doc.get('algorithm')!r}, not {ALGORITHM}",
+            )
         try:
             for leaf, entries in doc["leaves"].items():
                 for index, crc in entries:

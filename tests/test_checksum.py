@@ -122,7 +122,10 @@ def test_an_intact_checkpoint_verifies_and_records_every_leaf(saved):
     """Every stored leaf has a checksum record; verify finds nothing and restore succeeds."""
     path = os.path.join(saved, "local.1")
     doc = json.loads(_read(os.path.join(path, "jaxjob", "manifest.json")))
-    assert doc["checksums"] == {"algorithm": "crc32", "files": ["checksums.0.json"]}
+    assert doc["checksums"] == {
+        "algorithm": "crc32-of-4k-sums",
+        "files": ["checksums.0.json"],
+    }
     assert doc["self_checksum"] == checksum.doc_checksum(doc)
     records = json.loads(_read(os.path.join(path, "jaxjob", "checksums.0.json")))
     assert sorted(records["leaves"]) == sorted(leaf["name"] for leaf in doc["leaves"])
