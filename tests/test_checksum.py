@@ -257,3 +257,20 @@ def test_every_epoch_damaged_refuses_to_resume(saved, tmp_path):
     ):
         ckpt.get_resume_from_epoch_id()
     assert ckpt.committed_epochs() == [0, 1]  # nothing deleted
+
+
+def test_multi_node_manager_verifies_each_node_and_falls_back(tmp_path):
+    """MultiNodeCheckpointManager.verify names the damaged node; resume skips that epoch."""
+    prefix = str(tmp_path / "ckpt")
+    ckpt = jaxjob.MultiNodeCheckpointManager(prefix)
+    ckpt.init(["a", "b"], key_nodes={"x": "a", "y": "b"})
+    for epoch in (0, 1):
+        ckpt.save(epoch, jaxjob.Workspace({"x": jnp.arange(2048.0) + epoch, "y": jnp.ones(2)}))
+    ckpt.close()
+    flip_file(largest_data_file(os.path.join(prefix, "a.1")))
+    (line,) = ckpt.verify(1)
+    assert re.search(r"leaf \['x'\].*epoch 1 in '.*/a\.1/state", line)
+    assert ckpt.verify(0) == []
+    fresh = jaxjob.MultiNodeCheckpointManager(prefix)
+    fresh.set_params(nodes=["a", "b"])  # before init, as the runner asks
+    assert fresh.get_resume_from_epoch_id() == 0
