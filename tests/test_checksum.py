@@ -229,6 +229,7 @@ def test_auto_resume_falls_back_to_the_newest_intact_epoch_exactly(
     assert jaxjob.CheckpointManager(prefix).verify(last) == []
 
 
+@pytest.mark.slow
 def test_a_restarted_child_process_falls_back_exactly(reference, tmp_path):
     """A new process resuming from a run whose last epoch has flipped bytes ends bitwise equal."""
     prefix = _copy(reference / "ckpt", tmp_path)
