@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob import boundary, fs, hosts, lock, manifest, orbax_adapter, retention, storage
+from jaxjob import boundary, checksum, fs, hosts, lock, manifest, orbax_adapter, retention, storage
 from jaxjob import keep as keep_lib
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
@@ -281,6 +281,17 @@ class CheckpointManager(ManagerCore):
         path, found = self._checkpoint(epoch, path_prefix, path_type)
         self._blob_names = found.state_keys
         return self._timed_load(path, found, self._blob_names, targets=targets)
+
+    def _verify_nodes(self, epoch: int, nodes: Sequence[str]) -> list[str]:
+        """Verifies through this manager's cached manifest and reader when it reads alone."""
+        if list(nodes) != [self._node_name] or (jax.process_count() > 1 and not self._private):
+            return super()._verify_nodes(epoch, nodes)
+        try:
+            path, found = self._checkpoint(epoch)
+            records = checksum.read_records(path, found)
+        except ValueError as err:  # CorruptCheckpointError, or a malformed manifest
+            return [str(err)]
+        return checksum.check_all(self._get_reader(), path, found, records)
 
     def saved_shapes(self, epoch: int) -> dict[str, Any]:
         """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""

@@ -21,6 +21,7 @@ Two codecs turn leaves into what Orbax stores and back:
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -62,6 +63,9 @@ def checkpointable(leaf: Any) -> bool:
     if isinstance(leaf, np.ndarray | np.generic):
         return not leaf.dtype.hasobject
     return isinstance(leaf, bool | int | float)
+
+
+STORED_NAME = re.compile(r"l[0-9]+")  # "l0", "l1", ...: Orbax keys, and directory names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +146,11 @@ class LeafSpec:
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"invalid leaf entry {entry!r} in the manifest: {err}") from None
-        if spec.kind not in KINDS or any(d < 0 for d in spec.shape):
+        if (
+            spec.kind not in KINDS
+            or any(d < 0 for d in spec.shape)
+            or not STORED_NAME.fullmatch(spec.name)
+        ):
             raise ValueError(f"invalid leaf entry {entry!r} in the manifest")
         return spec
 

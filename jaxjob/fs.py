@@ -138,6 +138,25 @@ def rename(src: str, dst: str) -> None:
     os.rename(src, dst)
 
 
+def links_leaving(path: str) -> list[str]:
+    """Symbolic links under the local directory ``path`` that resolve outside it.
+
+    Object stores have no links: always empty there.
+    """
+    if is_remote(path) or not os.path.isdir(path):
+        return []
+    root = os.path.realpath(path)
+    found = []
+    for directory, dirs, files in os.walk(path):
+        for name in dirs + files:
+            entry = os.path.join(directory, name)
+            if os.path.islink(entry):
+                target = os.path.realpath(entry)
+                if os.path.commonpath([root, target]) != root:
+                    found.append(entry)
+    return sorted(found)
+
+
 def read_text(path: str) -> str:
     """The text of the file or object at ``path``."""
     return _p(path).read_text()

@@ -14,15 +14,18 @@ from typing import Any, Protocol
 
 import jax
 
-from jaxjob import boundary, fs, hosts
+from jaxjob import boundary, checksum, fs, hosts
 from jaxjob import keep as keep_lib
-from jaxjob.errors import CheckpointSaveError
+from jaxjob.errors import CheckpointSaveError, CorruptCheckpointError
 from jaxjob.hostlocal import HostMap
-from jaxjob.layout import common_epochs
+from jaxjob.layout import common_epochs, db_name, is_committed
+from jaxjob.log import get_logger
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
 from jaxjob.workspace import Workspace
 
 __all__ = ["CheckpointOptions", "Manager", "ManagerCore"]
+
+logger = get_logger(__name__)
 
 DB_TYPES = ("orbax",)
 DEFAULT_WRITE_TIMEOUT_S = 600.0
@@ -192,6 +195,7 @@ class ManagerCore:
         self._path_prefix: str | None = None
         self._path_type: str | None = None
         self._metadata_due: int | None = None
+        self._nodes: list[str] = []
 
     @property
     def db_prefix(self) -> str:
@@ -238,17 +242,86 @@ class ManagerCore:
             self._path_prefix = path_prefix
         if path_type:
             self._path_type = check_db_type(path_type, "path_type")
+        self._nodes = [str(n) for n in nodes]
         self._metadata_handler.set_params(
             db_prefix=self._db_prefix,
             db_type=self._db_type,
-            node_names=[str(n) for n in nodes],
+            node_names=self._nodes,
             path_prefix=self._path_prefix,
             path_type=self._path_type,
         )
 
+    def verify(self, epoch: int) -> list[str]:
+        """Reads this manager's checkpoints of ``epoch`` on this process and checks their checksums.
+
+        Returns:
+            One line per damaged leaf or file (naming the leaf, the epoch and
+            the file), over every node; empty when intact.
+
+        Raises:
+            FileNotFoundError: If a node's checkpoint of ``epoch`` is not committed.
+
+        Example:
+            >>> import tempfile, jax.numpy as jnp, jaxjob
+            >>> ckpt = jaxjob.CheckpointManager(tempfile.mkdtemp())
+            >>> ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(3)}))
+            >>> ckpt.wait_until_finished()
+            >>> ckpt.verify(0)
+            []
+        """
+        return self._verify_nodes(epoch, self.node_names())
+
+    def _verify_nodes(self, epoch: int, nodes: Sequence[str]) -> list[str]:
+        lines: list[str] = []
+        for node in nodes:
+            path = db_name(epoch, node, self._db_prefix, self._path_prefix)
+            if not is_committed(path):
+                raise FileNotFoundError(
+                    f"no committed checkpoint for node {node!r} at epoch {epoch} ({path!r}); "
+                    f"committed epochs: {common_epochs(self._db_prefix, [node], self._path_prefix)}"
+                )
+            lines += checksum.verify_checkpoint(path)
+        return lines
+
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
-        """The epoch to resume from (``user_epoch`` wins), or None for a fresh start."""
-        return self._metadata_handler.last_epoch(user_epoch=user_epoch)
+        """The epoch to resume from (``user_epoch`` wins), or None for a fresh start.
+
+        Without ``user_epoch``, the metadata handler's epoch is verified
+        (:meth:`verify`); a damaged one is logged, reported to the metadata
+        handler (action ``"checkpoint_verify"``) and passed over for the
+        newest older epoch committed for every node that is intact. The
+        runner calls this on process 0 only, which reads alone, and shares
+        the answer with every process.
+
+        Raises:
+            CorruptCheckpointError: If every committed epoch up to the
+                handler's is damaged (nothing is overwritten).
+        """
+        epoch = self._metadata_handler.last_epoch(user_epoch=user_epoch)
+        if user_epoch is not None or epoch is None:
+            return epoch
+        nodes = self._nodes or self.node_names()
+        committed = common_epochs(self._db_prefix, nodes, self._path_prefix)
+        for candidate in [epoch, *(e for e in reversed(committed) if e < epoch)]:
+            problems = self._verify_nodes(candidate, nodes)
+            if not problems:
+                return candidate
+            error = "; ".join(problems)
+            logger.warning(
+                "The checkpoint of epoch %d is damaged, trying an older one: %s", candidate, error
+            )
+            stats = {
+                db_name(candidate, node, self._db_prefix, self._path_prefix): {
+                    "epoch": candidate,
+                    "error": error,
+                }
+                for node in nodes
+            }
+            self._metadata_handler.report("checkpoint_verify", stats)
+        raise CorruptCheckpointError(
+            f"every committed checkpoint under {self._db_prefix!r} up to epoch {epoch} is "
+            "damaged (see the log); restore one by hand or start the job under a new db_prefix"
+        )
 
     def cp_accessible(self, epoch: int | None = None) -> bool:
         """Asks the metadata handler whether checkpoints (of ``epoch``) are accessible."""

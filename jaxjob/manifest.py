@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from jaxjob import codec, fs
+from jaxjob import checksum, codec, fs
 
 __all__ = ["FORMAT", "MANIFEST_FILE", "MANIFEST_ITEM", "Manifest", "build", "read"]
 
@@ -45,6 +45,9 @@ class Manifest:
         leaves: Stored name -> :class:`~jaxjob.codec.LeafSpec`.
         metrics: Scalars that retention ranks by (:class:`jaxjob.keep.Best`),
             name -> value; read without reading any array.
+        checksums: The checksum algorithm and the files holding each
+            process's checksums (:mod:`jaxjob.checksum`); None for a
+            checkpoint saved without them.
     """
 
     epoch: int
@@ -56,6 +59,7 @@ class Manifest:
     outputs: dict[str, Any]
     leaves: dict[str, codec.LeafSpec]
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    checksums: dict[str, Any] | None = None
 
     @property
     def state_keys(self) -> list[str]:
@@ -76,12 +80,14 @@ class Manifest:
         return [self.leaves[n] for n in codec.leaf_names(self.structure(item)[name])]
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON document stored in the checkpoint."""
-        return {
+        """The JSON document stored in the checkpoint, carrying its own checksum."""
+        doc = {
             "format": FORMAT,
             **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
             "leaves": [spec.to_json() for spec in self.leaves.values()],
         }
+        doc[checksum.SELF_KEY] = checksum.doc_checksum(doc)
+        return doc
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Manifest:
@@ -108,6 +114,7 @@ class Manifest:
                 outputs=dict(doc[OUTPUTS]),
                 leaves={spec.name: spec for spec in leaves},
                 metrics={str(k): float(v) for k, v in doc.get("metrics", {}).items()},
+                checksums=None if doc.get("checksums") is None else dict(doc["checksums"]),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"the manifest of {where!r} is malformed: {err}") from None
@@ -136,6 +143,7 @@ def build(
             for stored, leaf, path in found:
                 leaves[stored] = codec.LeafSpec.of(leaf, stored, path)
                 flat[item][stored] = leaf
+    writers = range(jax.process_count()) if owner_process is None else [owner_process]
     manifest = Manifest(
         epoch=epoch,
         node=node,
@@ -145,6 +153,10 @@ def build(
         state=structures[STATE],
         outputs=structures[OUTPUTS],
         leaves=leaves,
+        checksums={
+            "algorithm": checksum.ALGORITHM,
+            "files": [checksum.checksums_file(p) for p in writers],
+        },
     )
     return manifest, flat
 
@@ -156,9 +168,16 @@ def read(path: str) -> Manifest:
 
     Raises:
         FileNotFoundError: If ``path`` is not a jaxjob checkpoint directory.
+        CorruptCheckpointError: If the manifest is not valid JSON or fails its
+            checksum, or a file under ``path`` is a link leading outside it.
         ValueError: If the manifest is of another format or malformed.
     """
     file = fs.join(path, MANIFEST_ITEM, MANIFEST_FILE)
+    leaving = fs.links_leaving(path)
+    if leaving:
+        raise checksum.corrupt(
+            _epoch_of(path), path, f"links to files outside the checkpoint: {leaving}"
+        )
     try:
         text = fs.read_text(file)
     except FileNotFoundError:
@@ -173,5 +192,20 @@ def read(path: str) -> Manifest:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"the manifest {file!r} is not valid JSON: {err}") from None
+        raise checksum.corrupt(
+            _epoch_of(path), path, f"the manifest {file!r} is not valid JSON: {err}"
+        ) from None
+    if (
+        isinstance(doc, dict)
+        and doc.get("format") == FORMAT
+        and checksum.SELF_KEY in doc
+        and doc[checksum.SELF_KEY] != checksum.doc_checksum(doc)
+    ):
+        raise checksum.corrupt(_epoch_of(path), path, f"the manifest {file!r} fails its checksum")
     return Manifest.from_json(doc, path)
+
+
+def _epoch_of(path: str) -> int | str:
+    """The epoch in a checkpoint directory's name ``<node>.<epoch>``, or ``"?"``."""
+    tail = path.rstrip("/").rpartition(".")[2]
+    return int(tail) if tail.isdigit() else "?"

@@ -21,6 +21,11 @@ here, so an Orbax upgrade is checked in one module:
 * **Private checkpoints** (one process writes a node's checkpoint alone).
   Orbax's NumPy handler writes only on the primary host, with no option to
   write on the calling process; :class:`_ThisProcessNumpyHandler` overrides it.
+* **Checksum files** (:class:`ManifestHandler`). Each process writes its
+  checksums beside the manifest once its background thread has computed them,
+  inside Orbax's write, so they commit with the checkpoint. The JSON handler
+  writes on the primary host only and has no hook for that; its private
+  ``_save_fn`` is overridden.
 * **The coordination-service client** of ``jax.distributed``, for jaxjob's
   cross-process waits: JAX has no public accessor (Orbax reads it the same way).
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -49,6 +55,9 @@ from jaxjob import faults, fs
 __all__ = [
     "TESTED_ORBAX",
     "DurableRename",
+    "ManifestHandler",
+    "ManifestRestore",
+    "ManifestSave",
     "checkpointer",
     "distributed_client",
     "private_options",
@@ -174,6 +183,35 @@ def _kvstore_tspec(directory: Any, name: str | None = None, **kwargs: Any) -> di
 
 
 tensorstore_utils.build_kvstore_tspec = _kvstore_tspec
+
+
+# ---- checksum files ------------------------------------------------------------------------
+
+
+class ManifestHandler(ocp.JsonCheckpointHandler):
+    """Orbax's JSON handler for the manifest; every process also writes its checksum file.
+
+    A document with a ``checksum_file()`` method (:class:`jaxjob.checksum.PendingManifest`)
+    gives this process's file, waiting in Orbax's background thread for its checksums.
+    """
+
+    async def _save_fn(self, x: Any, directory: epath.Path) -> None:
+        await super()._save_fn(dict(x), directory)
+        if hasattr(x, "checksum_file"):
+            name, text = await asyncio.to_thread(x.checksum_file)
+            await async_path.write_text(directory / name, text)
+
+
+@ocp.args.register_with_handler(ManifestHandler, for_save=True)
+@dataclasses.dataclass
+class ManifestSave(ocp.args.JsonSave):
+    """Saves the manifest item through :class:`ManifestHandler`."""
+
+
+@ocp.args.register_with_handler(ManifestHandler, for_restore=True)
+@dataclasses.dataclass
+class ManifestRestore(ocp.args.JsonRestore):
+    """Restores the manifest item through :class:`ManifestHandler`."""
 
 
 # ---- private checkpoints --------------------------------------------------------------------

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxjob import codec, hostlocal, keypaths, orbax_adapter
+from jaxjob import checksum, codec, hostlocal, keypaths, orbax_adapter
 from jaxjob import targets as targets_lib
 from jaxjob.manifest import MANIFEST_FILE, MANIFEST_ITEM, OUTPUTS, STATE, Manifest
 
@@ -53,7 +53,7 @@ def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandle
             **{
                 STATE: ocp.PyTreeCheckpointHandler(),
                 OUTPUTS: ocp.PyTreeCheckpointHandler(),
-                MANIFEST_ITEM: ocp.JsonCheckpointHandler(MANIFEST_FILE),
+                MANIFEST_ITEM: orbax_adapter.ManifestHandler(MANIFEST_FILE),
             },
         )
     options, registry = orbax_adapter.private_options(), orbax_adapter.private_registry()
@@ -74,7 +74,7 @@ def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandle
         **{
             STATE: pytree(),
             OUTPUTS: pytree(),
-            MANIFEST_ITEM: ocp.JsonCheckpointHandler(
+            MANIFEST_ITEM: orbax_adapter.ManifestHandler(
                 MANIFEST_FILE, multiprocessing_options=options
             ),
         },
@@ -116,8 +116,14 @@ def encode(
 
 
 def save_args(encoded: Mapping[str, Mapping[str, Any]], manifest: Manifest) -> ocp.args.Composite:
-    """Orbax arguments that save one checkpoint directory (trees from :func:`encode`)."""
-    items: dict[str, Any] = {MANIFEST_ITEM: ocp.args.JsonSave(manifest.to_json())}
+    """Orbax arguments that save one checkpoint directory (trees from :func:`encode`).
+
+    Starts checksumming the host copies of this process's shards in the
+    background; Orbax writes them beside the manifest before the commit.
+    """
+    sums = checksum.start(encoded)
+    doc = checksum.PendingManifest(manifest.to_json(), sums, manifest.epoch)
+    items: dict[str, Any] = {MANIFEST_ITEM: orbax_adapter.ManifestSave(doc)}
     for item in (STATE, OUTPUTS):
         if encoded.get(item):  # Orbax refuses an empty tree
             items[item] = ocp.args.PyTreeSave(dict(encoded[item]))
@@ -188,6 +194,8 @@ def restore_selected(
     copy, or as the copy of the saved process that ``host_map`` gives for it.
 
     Raises:
+        CorruptCheckpointError: If a leaf read does not match its checksum or
+            does not decode (naming the leaf, the epoch and the file).
         ValueError: If a target's structure, shape or dtype differs from the
             checkpoint (naming the key path), or host-local leaves were saved
             by another number of processes and ``host_map`` is None.
@@ -210,12 +218,18 @@ def restore_selected(
     all_specs = [manifest.leaves[n] for n in abstracts]
     rows = _rows(manifest, all_specs, host_map)
     restore_item = {s.name: store.target(s, abstracts[s.name], rows) for s in all_specs}
-    restored = _read(checkpointer, path, item, restore_item)
+    restored = _read(checkpointer, path, manifest, item, restore_item)
+    _check(path, manifest, item, all_specs, restored)
     leaves = {s.name: store.decode(restored[s.name], s, abstracts[s.name], rows) for s in all_specs}
     return {key: p.build(leaves) for key, p in plans.items()}
 
 
-def _read(checkpointer: ocp.Checkpointer, path: str, item: str, restore_item: dict[str, Any]):
+def _read(checkpointer, path: str, manifest: Manifest, item: str, restore_item: dict[str, Any]):
+    """Orbax's restore of ``restore_item``; bytes that do not decode raise CorruptCheckpointError.
+
+    On a read error each requested leaf is read again alone, on this process,
+    to name the damaged ones; an error that no leaf reproduces is re-raised.
+    """
     if not restore_item:
         return {}
     args = ocp.args.PyTreeRestore(
@@ -223,7 +237,40 @@ def _read(checkpointer: ocp.Checkpointer, path: str, item: str, restore_item: di
         restore_args=ocp.checkpoint_utils.construct_restore_args(restore_item),
         partial_restore=True,
     )
-    return checkpointer.restore(path, args=ocp.args.Composite(**{item: args}))[item]
+    try:
+        return checkpointer.restore(path, args=ocp.args.Composite(**{item: args}))[item]
+    except checksum.READ_ERRORS as err:
+        lines = _damaged(path, manifest, item, restore_item)
+        if not lines:
+            raise
+        raise checksum.corrupt(manifest.epoch, path, "; ".join(lines)) from err
+
+
+def _damaged(path: str, manifest: Manifest, item: str, names: Iterable[str]) -> list[str]:
+    """Reads each named leaf alone (this process only) and returns a line per damaged one."""
+    reader = orbax_adapter.checkpointer(path, composite_handler(path, True), private=True)
+    try:
+        records = checksum.read_records(path, manifest)
+        lines: list[str] = []
+        for name in names:
+            spec = manifest.leaves[name]
+            lines += checksum.check_leaf(reader, path, item, spec, manifest, records)
+        return lines
+    finally:
+        reader.close()
+
+
+def _check(path: str, manifest: Manifest, item: str, specs, restored: Mapping[str, Any]) -> None:
+    """Checks every restored shard against its checksum (CorruptCheckpointError if one differs)."""
+    records = checksum.read_records(path, manifest)
+    lines = []
+    for spec in specs:
+        bad, _ = checksum.mismatches(restored[spec.name], records.get(spec.name, []))
+        lines += [
+            checksum.describe(path, item, spec, manifest.epoch, r, "checksum mismatch") for r in bad
+        ]
+    if lines:
+        raise checksum.corrupt(manifest.epoch, path, "; ".join(lines))
 
 
 def saved_shapes(manifest: Manifest) -> dict[str, Any]:

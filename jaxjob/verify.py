@@ -1,10 +1,10 @@
-"""Checking that committed checkpoints are intact: commit marker, manifest, every leaf readable."""
+"""Checking that committed checkpoints are intact: commit marker, manifest, every leaf's checksum."""
 
 from __future__ import annotations
 
 import os
 
-from jaxjob import fs, keypaths, manifest, orbax_adapter, storage
+from jaxjob import checksum, fs, keypaths, manifest, orbax_adapter, storage
 from jaxjob.layout import is_committed
 from jaxjob.listing import list_checkpoints
 
@@ -68,6 +68,8 @@ def verify_checkpoint(path: str) -> list[str]:
         found = manifest.read(path)
     except (OSError, ValueError) as err:
         return [f"{path}: manifest unreadable: {err}"]
+    if found.checksums is not None:  # every leaf read and checked against its checksums
+        return checksum.verify_checkpoint(path)
     handler = storage.composite_handler(path, found.owner_process is not None)
     checkpointer = orbax_adapter.checkpointer(
         path, handler, private=found.owner_process is not None

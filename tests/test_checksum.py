@@ -1,0 +1,277 @@
+"""Checksums: damaged checkpoints are caught on restore and by verify; auto-resume falls back."""
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import exact_job
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxjob
+from jaxjob import checksum
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "exact_job.py")
+
+
+# ---- corruptions (each applied to one committed checkpoint directory) ----------------------
+
+
+def largest_data_file(path):
+    """The largest data file of the checkpoint's ``state`` item (in an OCDBT ``d/`` directory)."""
+    files = [
+        os.path.join(root, name)
+        for root, _, names in os.walk(os.path.join(path, "state"))
+        for name in names
+        if os.path.basename(root) == "d"
+    ]
+    return max(sorted(files), key=os.path.getsize)
+
+
+def _read(file, mode="r"):
+    with open(file, mode) as f:
+        return f.read()
+
+
+def _write(file, data, mode="w"):
+    with open(file, mode) as f:
+        f.write(data)
+
+
+def flip_bytes(path):
+    """Inverts 64 bytes in the middle of the largest data file."""
+    flip_file(largest_data_file(path))
+
+
+def flip_file(file):
+    """Inverts 64 bytes in the middle of ``file``."""
+    data = bytearray(_read(file, "rb"))
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    _write(file, data, "wb")
+
+
+def truncate(path):
+    """Cuts the largest data file to half its size."""
+    file = largest_data_file(path)
+    os.truncate(file, os.path.getsize(file) // 2)
+
+
+def delete(path):
+    """Deletes the largest data file."""
+    os.remove(largest_data_file(path))
+
+
+def damage_manifest(path):
+    """Changes one letter of the manifest's node name: valid JSON, wrong checksum."""
+    file = os.path.join(path, "jaxjob", "manifest.json")
+    text = _read(file)
+    assert '"node": "local"' in text
+    _write(file, text.replace('"node": "local"', '"node": "locaL"', 1))
+
+
+CORRUPTIONS = {
+    "flip": flip_bytes,
+    "truncate": truncate,
+    "delete": delete,
+    "manifest": damage_manifest,
+}
+# What the error names for each: the big leaf (all data corruptions) or the manifest file.
+NAMED = {
+    "flip": r"leaf \['w'\].*epoch 1 in '.*local\.1/state.*(checksum mismatch|unreadable)",
+    "truncate": r"leaf \['w'\].*epoch 1 in '.*local\.1/state.*unreadable",
+    "delete": r"leaf \['w'\].*epoch 1 in '.*local\.1/state.*unreadable",
+    "manifest": r"epoch 1 at '.*local\.1' is corrupt: the manifest '.*manifest\.json' fails",
+}
+
+
+def _workspace(scale):
+    return {
+        "w": jax.random.normal(jax.random.key(scale), (64, 32)) * scale,  # the largest leaf
+        "rng": jax.random.key(scale),
+        "half": jnp.full((5,), scale, jnp.bfloat16),
+        "cursor": np.int64(7 * scale),
+        "steps": scale,
+    }
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A db_prefix with two committed epochs, 0 and 1, of the same structure."""
+    prefix = str(tmp_path_factory.mktemp("saved"))
+    ckpt = jaxjob.CheckpointManager(prefix)
+    for epoch in (0, 1):
+        ckpt.save(epoch, jaxjob.Workspace(_workspace(epoch + 1)))
+    ckpt.close()
+    return prefix
+
+
+def _copy(saved, tmp_path):
+    prefix = str(tmp_path / "ckpt")
+    shutil.copytree(saved, prefix)
+    return prefix
+
+
+def test_an_intact_checkpoint_verifies_and_records_every_leaf(saved):
+    """Every stored leaf has a checksum record; verify finds nothing and restore succeeds."""
+    path = os.path.join(saved, "local.1")
+    doc = json.loads(_read(os.path.join(path, "jaxjob", "manifest.json")))
+    assert doc["checksums"] == {
+        "algorithm": "crc32-of-4k-sums",
+        "files": ["checksums.0.json"],
+    }
+    assert doc["self_checksum"] == checksum.doc_checksum(doc)
+    records = json.loads(_read(os.path.join(path, "jaxjob", "checksums.0.json")))
+    assert sorted(records["leaves"]) == sorted(leaf["name"] for leaf in doc["leaves"])
+    assert checksum.verify_checkpoint(path) == []
+    assert jaxjob.CheckpointManager(saved).verify(1) == []
+    restored = jaxjob.restore(path)
+    np.testing.assert_array_equal(restored["w"], _workspace(2)["w"])
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_a_damaged_checkpoint_fails_restore_naming_leaf_epoch_and_file(saved, tmp_path, kind):
+    """Restore and load raise CorruptCheckpointError naming the leaf, the epoch and the file."""
+    prefix = _copy(saved, tmp_path)
+    CORRUPTIONS[kind](os.path.join(prefix, "local.1"))
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=NAMED[kind]):
+        jaxjob.restore(prefix)
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=NAMED[kind]):
+        jaxjob.CheckpointManager(prefix).load(1)
+    assert jaxjob.restore(prefix, epoch=0)["steps"] == 1  # the other epoch is untouched
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_verify_reports_one_line_per_damaged_leaf(saved, tmp_path, kind):
+    """verify_checkpoint and verify(epoch) give one line naming the damaged leaf or manifest."""
+    prefix = _copy(saved, tmp_path)
+    path = os.path.join(prefix, "local.1")
+    damaged = largest_data_file(path) if kind != "manifest" else "manifest.json"
+    CORRUPTIONS[kind](path)
+    lines = checksum.verify_checkpoint(path)
+    assert len(lines) == 1
+    assert re.search(NAMED[kind], lines[0]), lines
+    assert damaged in lines[0]  # the very file
+    manager = jaxjob.CheckpointManager(prefix)
+    assert manager.verify(1) == lines
+    assert manager.verify(0) == []
+
+
+def test_a_damaged_checksum_file_is_reported(saved, tmp_path):
+    """A checksum file edited by hand, or deleted, makes the checkpoint corrupt."""
+    prefix = _copy(saved, tmp_path)
+    file = os.path.join(prefix, "local.1", "jaxjob", "checksums.0.json")
+    doc = json.loads(_read(file))
+    doc["leaves"]["l0"][0][1] ^= 1
+    _write(file, json.dumps(doc))
+    with pytest.raises(jaxjob.CorruptCheckpointError, match="checksums.0.json' fails its own"):
+        jaxjob.restore(prefix)
+    os.remove(file)
+    (line,) = checksum.verify_checkpoint(os.path.join(prefix, "local.1"))
+    assert "checksums.0.json' is missing" in line
+
+
+# ---- auto-resume falls back to the newest intact epoch, exactly ------------------------------
+
+
+def _train(prefix, handler=None):
+    session = jaxjob.Session()
+    ckpt = jaxjob.CheckpointManager(prefix, metadata_handler=handler)
+    last = jaxjob.JobRunner(exact_job.build_job(None), ckpt).train(session)
+    ckpt.close()
+    return last, session.workspace
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of the exactness job: its checkpoints and its final workspace."""
+    base = tmp_path_factory.mktemp("reference")
+    last, workspace = _train(str(base / "ckpt"))
+    assert last == exact_job.EPOCHS
+    exact_job.dump(workspace, base / "out.npz")
+    return base
+
+
+def _assert_same_workspace(a, b):
+    with np.load(a) as x, np.load(b) as y:
+        assert str(x["treedef"]) == str(y["treedef"])
+        assert list(x["kinds"]) == list(y["kinds"])
+        for name in x.files:
+            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_auto_resume_falls_back_to_the_newest_intact_epoch_exactly(
+    reference, tmp_path, caplog, kind
+):
+    """Last epoch damaged: auto-resume logs and reports it, reruns it, ends bitwise equal."""
+    prefix = _copy(reference / "ckpt", tmp_path)
+    last = exact_job.EPOCHS
+    CORRUPTIONS[kind](os.path.join(prefix, f"local.{last}"))
+    handler = jaxjob.DiskMetadataHandler()
+    with caplog.at_level(logging.WARNING, logger="jaxjob"):
+        finished, workspace = _train(prefix, handler)
+    assert finished == last
+    assert f"The checkpoint of epoch {last} is damaged" in caplog.text
+    (report,) = [h for h in handler.history if h["action"] == "checkpoint_verify"]
+    (entry,) = report["stats"].values()
+    assert entry["epoch"] == last and f"epoch {last}" in entry["error"]
+    loads = [h for h in handler.history if h["action"] == "checkpoint_load"]
+    assert [s["epoch"] for h in loads for s in h["stats"].values()] == [last - 1]
+    exact_job.dump(workspace, tmp_path / "out.npz")
+    _assert_same_workspace(reference / "out.npz", tmp_path / "out.npz")
+    assert jaxjob.CheckpointManager(prefix).verify(last) == []
+
+
+@pytest.mark.slow
+def test_a_restarted_child_process_falls_back_exactly(reference, tmp_path):
+    """A new process resuming from a run whose last epoch has flipped bytes ends bitwise equal."""
+    prefix = _copy(reference / "ckpt", tmp_path)
+    flip_bytes(os.path.join(prefix, f"local.{exact_job.EPOCHS}"))
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, prefix, str(tmp_path / "out.npz")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"finished at epoch {exact_job.EPOCHS}" in proc.stdout
+    assert f"The checkpoint of epoch {exact_job.EPOCHS} is damaged" in proc.stderr
+    _assert_same_workspace(reference / "out.npz", tmp_path / "out.npz")
+
+
+def test_every_epoch_damaged_refuses_to_resume(saved, tmp_path):
+    """If no committed epoch is intact, auto-resume raises instead of starting over."""
+    prefix = _copy(saved, tmp_path)
+    for epoch in (0, 1):
+        flip_bytes(os.path.join(prefix, f"local.{epoch}"))
+    ckpt = jaxjob.CheckpointManager(prefix)
+    ckpt.set_params(nodes=["local"])
+    with pytest.raises(
+        jaxjob.CorruptCheckpointError, match="every committed checkpoint .* epoch 1"
+    ):
+        ckpt.get_resume_from_epoch_id()
+    assert ckpt.committed_epochs() == [0, 1]  # nothing deleted
+
+
+def test_multi_node_manager_verifies_each_node_and_falls_back(tmp_path):
+    """MultiNodeCheckpointManager.verify names the damaged node; resume skips that epoch."""
+    prefix = str(tmp_path / "ckpt")
+    ckpt = jaxjob.MultiNodeCheckpointManager(prefix)
+    ckpt.init(["a", "b"], key_nodes={"x": "a", "y": "b"})
+    for epoch in (0, 1):
+        ckpt.save(epoch, jaxjob.Workspace({"x": jnp.arange(2048.0) + epoch, "y": jnp.ones(2)}))
+    ckpt.close()
+    flip_file(largest_data_file(os.path.join(prefix, "a.1")))
+    (line,) = ckpt.verify(1)
+    assert re.search(r"leaf \['x'\].*epoch 1 in '.*/a\.1/state", line)
+    assert ckpt.verify(0) == []
+    fresh = jaxjob.MultiNodeCheckpointManager(prefix)
+    fresh.set_params(nodes=["a", "b"])  # before init, as the runner asks
+    assert fresh.get_resume_from_epoch_id() == 0
