@@ -1,4 +1,4 @@
-"""Checking that committed checkpoints are intact: commit marker, manifest, every leaf's checksum."""
+"""Checking that committed checkpoints are intact: commit marker, manifest, leaf checksums."""
 
 from __future__ import annotations
 
