@@ -185,3 +185,29 @@ def test_sigterm_to_one_process_stops_both_after_the_same_epoch(tmp_path):
         assert resumed[process]["cursor"] == [1000 * process + 4, 4]
         assert resumed[process]["last"] == 4
     assert committed(tmp_path / "run") == ["local.0", "local.2", "local.4"]
+
+
+class _SignallingManager(jaxjob.CheckpointManager):
+    """Sends itself SIGUSR1 while the runner waits for the last save to commit."""
+
+    def wait_until_finished(self):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        super().wait_until_finished()
+
+
+@pytest.mark.parametrize("when", ["during init", "after the last epoch's boundary"])
+def test_signal_outside_the_epochs_stops_at_the_nearest_saved_epoch(tmp_path, when):
+    """A signal during init stops after epoch 0; one after the last epoch's stop conditions
+    were exchanged, while its save commits, skips the exit group: Preempted(last epoch)."""
+    log = []
+    job = _job(3, log=log)
+    if when == "during init":
+        job.init_group.add(lambda ws: os.kill(os.getpid(), signal.SIGUSR1), jit=False)
+        ckpt, expected = jaxjob.CheckpointManager(str(tmp_path)), 0
+    else:
+        ckpt, expected = _SignallingManager(str(tmp_path)), 3
+    runner = jaxjob.JobRunner(job, ckpt, preemption_signals=[signal.SIGUSR1])
+    with pytest.raises(jaxjob.Preempted) as raised:
+        runner.train(jaxjob.Session())
+    assert raised.value.epoch == expected and ckpt.committed_epochs()[-1] == expected
+    assert "exit" not in log
