@@ -143,10 +143,9 @@ class JobRunner:
             Preempted: After a preemption signal, once the epoch it stopped
                 after is saved and committed.
         """
-        resume = self._resume_epoch()
         watch = SignalWatch(self.preemption_signals if self._watching else ())
         with watch:
-            epoch, preempted = self._train_epochs(session, resume, watch)
+            epoch, preempted = self._train_epochs(session, watch)
         if not preempted and self._watching:  # a signal after the last epoch's boundary
             preempted = bool(self._any_process(f"the end of epoch {epoch}", watch.requested))
         if preempted:
@@ -172,10 +171,9 @@ class JobRunner:
             logger.info("Resuming from epoch %d", resume)
         return resume
 
-    def _train_epochs(
-        self, session: Session, resume: int | None, watch: SignalWatch
-    ) -> tuple[int, bool]:
+    def _train_epochs(self, session: Session, watch: SignalWatch) -> tuple[int, bool]:
         """Runs init or resume, then epochs until a stop condition or a preemption."""
+        resume = self._resume_epoch()
         try:
             epoch, finished = self._start(session, resume)
             self._clock = SaveClock(epoch)
