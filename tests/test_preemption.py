@@ -211,3 +211,27 @@ def test_signal_outside_the_epochs_stops_at_the_nearest_saved_epoch(tmp_path, wh
         runner.train(jaxjob.Session())
     assert raised.value.epoch == expected and ckpt.committed_epochs()[-1] == expected
     assert "exit" not in log
+
+
+class _DenyingHandler(jaxjob.DiskMetadataHandler):
+    """Reports the checkpoint directory as not writable from the ``deny_from``-th check on."""
+
+    def __init__(self, deny_from):
+        super().__init__()
+        self.checks, self.deny_from = 0, deny_from
+
+    def cp_accessible(self, epoch=None):
+        self.checks += epoch is None
+        return super().cp_accessible(epoch) and self.checks < self.deny_from
+
+
+def test_failed_save_of_the_preempted_epoch_names_the_newest_committed(tmp_path, caplog):
+    """Under on_save_error="warn", if the preempted epoch's save fails, Preempted names the newest
+    committed epoch instead, and a warning says so."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path), metadata_handler=_DenyingHandler(3))
+    runner = jaxjob.JobRunner(_job(5, signal_in_epoch=2), ckpt, preemption_signals=[signal.SIGUSR1])
+    with pytest.raises(jaxjob.Preempted, match="epoch 1 is saved and committed") as raised:
+        runner.train(jaxjob.Session())
+    assert raised.value.epoch == 1 and ckpt.committed_epochs() == [0, 1]
+    assert [err.epoch for err in runner.save_errors] == [2]
+    assert "The save of epoch 2 failed; 1 is committed" in caplog.text
