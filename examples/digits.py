@@ -112,6 +112,10 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=10, help="total epochs (default 10)")
     parser.add_argument("--ckpt-dir", default="runs/digits", help="checkpoint directory")
     parser.add_argument("--no-checkpoint", action="store_true", help="train without checkpoints")
+    parser.add_argument("--save-every-epochs", type=int, default=1, help="epochs between saves")
+    parser.add_argument(
+        "--save-every-seconds", type=float, help="seconds between saves (with epochs: either)"
+    )
     args = parser.parse_args(argv)
     jaxjob.distributed.initialize()  # under `jaxjob launch` or a cluster; alone: nothing
     logging.basicConfig(level=logging.WARNING)
@@ -120,8 +124,14 @@ def main(argv=None):
     ckpt = None if args.no_checkpoint else jaxjob.CheckpointManager(args.ckpt_dir)
     session = jaxjob.Session()
     start = time.perf_counter()
-    runner = jaxjob.JobRunner(job, ckpt, progress=["loss", "accuracy"])  # a line or bar per epoch
-    last = runner.train(session)
+    runner = jaxjob.JobRunner(
+        job,
+        ckpt,
+        progress=["loss", "accuracy"],  # a line or a bar per epoch
+        save_every_epochs=args.save_every_epochs,
+        save_every_seconds=args.save_every_seconds,
+    )
+    last = runner.train(session)  # on SIGTERM: saves the epoch, raises jaxjob.Preempted
     params = session.workspace["params"]
     _, (x_test, y_test) = train, test
     accuracy = float((predict(params, x_test).argmax(-1) == y_test).mean())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TextIO
 
 from jaxjob.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
@@ -65,6 +66,25 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
+@contextlib.contextmanager
+def _forwarding_sigterm(procs: list[subprocess.Popen]) -> Iterator[None]:
+    """Passes a SIGTERM sent to the launcher (a scheduler's preemption notice) to every process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: object) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def launch(
     command: Sequence[str],
     *,
@@ -79,7 +99,10 @@ def launch(
     :func:`jaxjob.distributed.initialize` reads. Each output line is
     prefixed with ``[process=i]``. When a process exits non-zero, the others
     are stopped (SIGTERM, then SIGKILL after 10 s) and its status is returned
-    (128 + N for a process killed by signal N).
+    (128 + N for a process killed by signal N). A SIGTERM sent to the
+    launcher, the way a scheduler preempts a job, is passed on to every
+    process (a :class:`jaxjob.JobRunner` then saves the running epoch and
+    raises :class:`jaxjob.Preempted` on every process).
 
     Raises:
         ValueError: If ``command`` is empty or a count is below 1.
@@ -93,20 +116,24 @@ def launch(
         )
     out = out or sys.stdout
     port, lock = _free_port(), threading.Lock()
-    procs = [
-        subprocess.Popen(
-            list(command),
-            env=_env(i, num_processes, port, devices_per_process),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+    procs: list[subprocess.Popen] = []
+    with _forwarding_sigterm(procs):
+        procs.extend(
+            subprocess.Popen(
+                list(command),
+                env=_env(i, num_processes, port, devices_per_process),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in range(num_processes)
         )
-        for i in range(num_processes)
-    ]
-    pumps = [threading.Thread(target=_pump, args=(i, p, out, lock)) for i, p in enumerate(procs)]
-    for t in pumps:
-        t.start()
-    status = _wait_first_failure(procs)
+        pumps = [
+            threading.Thread(target=_pump, args=(i, p, out, lock)) for i, p in enumerate(procs)
+        ]
+        for t in pumps:
+            t.start()
+        status = _wait_first_failure(procs)
     for t in pumps:
         t.join()
     return status

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import signal
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -10,11 +12,13 @@ from typing import Any, Literal
 import jax
 
 from jaxjob import checks, hosts
-from jaxjob.errors import CheckpointSaveError
+from jaxjob.errors import CheckpointSaveError, Preempted
+from jaxjob.interval import SaveClock, SaveInterval
 from jaxjob.job import Job
 from jaxjob.layout import db_name
 from jaxjob.log import get_logger
 from jaxjob.manager import Manager
+from jaxjob.preemption import SignalWatch, check_signals
 from jaxjob.progress import Progress, check_names
 from jaxjob.session import Session, _Program
 from jaxjob.task import DEFAULT_NODE
@@ -24,6 +28,15 @@ __all__ = ["JobRunner"]
 
 logger = get_logger(__name__)
 SAVE_ERROR_POLICIES = ("warn", "raise")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Boundary:
+    """What every process agreed at the end of an epoch."""
+
+    stop: bool
+    preempted: bool
+    save: bool
 
 
 class JobRunner:
@@ -49,6 +62,25 @@ class JobRunner:
         on_save_error: ``"warn"`` logs a failed save (with its epoch and
             exception), records it in the stats and ``save_errors`` and
             carries on; ``"raise"`` raises it.
+        save_every_epochs: Save when this many epochs have passed since the
+            last save; None to save on time alone.
+        save_every_seconds: Save when this much wall time has passed since
+            the last save; None to save on epochs alone. When both are set,
+            either one makes a save due. Process 0's clock decides for every
+            process. Epoch 0, the final epoch and a preempted epoch are
+            always saved. Auto-resume takes the newest committed epoch, so
+            the epochs after it run again (and reach the same values).
+        preemption_signals: From the start of ``train`` until the last
+            epoch's save has committed, these signals ask for a preemption:
+            the running epoch finishes, is saved (whatever the interval) and
+            committed, the upload, download and exit groups do not run, and
+            ``train`` raises :class:`jaxjob.Preempted` naming that epoch. A
+            signal on any process stops every process after the same epoch.
+            A second signal during that save is logged and ignored (it must
+            not tear the save). The previous handlers are restored before
+            ``train`` returns or raises. ``()`` leaves the signals alone; so
+            does a runner without a checkpoint manager, or ``train`` called
+            off the main thread.
         progress: Names of scalar epoch outputs or leaves to show after every
             epoch with the epoch's time and save time (a ``tqdm`` bar in a
             terminal or notebook, else one line per epoch on stdout; process
@@ -90,6 +122,9 @@ class JobRunner:
         on_save_error: Literal["warn", "raise"] = "warn",
         progress: Sequence[str] | None = None,
         mesh: jax.sharding.Mesh | None = None,
+        save_every_epochs: int | None = 1,
+        save_every_seconds: float | None = None,
+        preemption_signals: Sequence[signal.Signals | int] = (signal.SIGTERM,),
     ) -> None:
         if on_save_error not in SAVE_ERROR_POLICIES:
             raise ValueError(
@@ -116,6 +151,11 @@ class JobRunner:
         self.history: list[dict[str, Any]] = []
         self._progress = Progress(None, self.history)
         self._warned: set[str] = set()
+        self.save_interval = SaveInterval(
+            every_epochs=save_every_epochs, every_seconds=save_every_seconds
+        )
+        self.preemption_signals = check_signals(preemption_signals)
+        self._clock = SaveClock()
 
     def _nodes(self) -> list[str]:
         return self.job.nodes_to_checkpoint() or [DEFAULT_NODE]
@@ -131,6 +171,8 @@ class JobRunner:
         Raises:
             ValueError: If the checkpoint resumed from does not hold the names
                 the init group creates (or holds names it no longer creates).
+            Preempted: After a preemption signal, once the epoch it stopped
+                after is saved and committed.
         """
         self._warned = set()
         self._progress = Progress(
@@ -147,29 +189,69 @@ class JobRunner:
             self._progress.close()
 
     def _train(self, session: Session) -> int:
+        watch = SignalWatch(self.preemption_signals if self._watching else ())
+        with watch:
+            epoch, preempted = self._train_epochs(session, watch)
+        if not preempted and self._watching:  # a signal after the last epoch's boundary
+            preempted = bool(self._any_process(f"the end of epoch {epoch}", watch.requested))
+        if preempted:
+            raise self._preempted(epoch)
+        self._run_final_groups(epoch, session)
+        return epoch
+
+    @property
+    def _watching(self) -> bool:
+        return self.checkpoint_manager is not None and bool(self.preemption_signals)
+
+    def _resume_epoch(self) -> int | None:
         manager = self.checkpoint_manager
-        resume = self.resume_from_epoch
-        if manager is not None:
-            manager.set_params(nodes=self._nodes())
-            resume = hosts.decide(
-                "the resume epoch",
-                lambda: manager.get_resume_from_epoch_id(self.resume_from_epoch),
-                timeout_s=self._timeout_s(),
-            )
-            if resume is not None:
-                logger.info("Resuming from epoch %d", resume)
+        if manager is None:
+            return self.resume_from_epoch
+        manager.set_params(nodes=self._nodes())
+        resume = hosts.decide(
+            "the resume epoch",
+            lambda: manager.get_resume_from_epoch_id(self.resume_from_epoch),
+            timeout_s=self._timeout_s(),
+        )
+        if resume is not None:
+            logger.info("Resuming from epoch %d", resume)
+        return resume
+
+    def _train_epochs(self, session: Session, watch: SignalWatch) -> tuple[int, bool]:
+        """Runs init or resume, then epochs until a stop condition or a preemption."""
+        resume = self._resume_epoch()
         try:
             epoch, finished = self._start(session, resume)
-            while not finished:
+            self._clock = SaveClock(epoch)
+            preempted = False
+            if not finished and self._watching:
+                what = f"the preemption check of epoch {epoch}"
+                preempted = bool(self._any_process(what, watch.requested))
+            while not (finished or preempted):
                 epoch += 1
-                finished = self._run_epoch(epoch, session)
-            logger.info("Finished training at epoch %d", epoch)
+                boundary = self._run_epoch(epoch, session, watch)
+                finished, preempted = boundary.stop, boundary.preempted
+            logger.info("%s at epoch %d", "Preempted" if preempted else "Finished training", epoch)
             self._finish_saves()
         except BaseException:
             self._complete_pending_after_error()
             raise
-        self._run_final_groups(epoch, session)
-        return epoch
+        return epoch, preempted
+
+    def _preempted(self, epoch: int) -> Preempted:
+        """The exception for a preemption after ``epoch``: the newest committed epoch's."""
+        if any(err.epoch == epoch for err in self.save_errors):
+            manager = self.checkpoint_manager
+            committed = hosts.decide(
+                "the newest committed epoch",
+                manager.committed_epochs,
+                timeout_s=self._timeout_s(),
+            )
+            if not committed:
+                raise self.save_errors[-1]
+            logger.warning("The save of epoch %d failed; %d is committed", epoch, committed[-1])
+            epoch = committed[-1]
+        return Preempted(epoch)
 
     def _timeout_s(self) -> float:
         return getattr(self.checkpoint_manager, "timeout_s", hosts.DEFAULT_TIMEOUT_S)
@@ -226,7 +308,7 @@ class JobRunner:
         )
         return {k: v for k, v in targets.items() if k in saved}
 
-    def _run_epoch(self, epoch: int, session: Session) -> bool:
+    def _run_epoch(self, epoch: int, session: Session, watch: SignalWatch) -> _Boundary:
         logger.debug("Starting epoch %d", epoch)
         started = time.perf_counter()
         run = session.run(self.job.epoch_group)
@@ -234,18 +316,34 @@ class JobRunner:
             set(run) - set(session.workspace), session.workspace, self._warned
         )
         values, read = self.job.stop_values(run)
-        stopped = self._any_process(f"the stop conditions of epoch {epoch}", any(values))
+        boundary = self._agree_boundary(epoch, any(values), watch.requested)
         save_time_s = 0.0
-        if self.checkpoint_manager is not None:
+        if self.checkpoint_manager is not None and boundary.save:
             wanted = [*read, *self.checkpoint_manager.required_outputs]
             outputs = {k: run[k] for k in wanted if k in run and k not in session.workspace}
             jax.block_until_ready(run)  # the save's copy would wait for it: not save time
             saving = time.perf_counter()
+            self._clock.saved(epoch)
             self.save_checkpoints(epoch, session, outputs=outputs)
             save_time_s = time.perf_counter() - saving
         epoch_time_s = time.perf_counter() - started
         self._progress.epoch_done(epoch, run, epoch_time_s=epoch_time_s, save_time_s=save_time_s)
-        return bool(stopped)
+        return boundary
+
+    def _agree_boundary(self, epoch: int, stop: bool, preempted: bool) -> _Boundary:
+        """One exchange per epoch: stop conditions, preemption signals, process 0's clock."""
+        due_by_time = self.save_interval.due_by_time(self._clock.seconds_since())
+        posts = hosts.exchange(
+            f"the stop conditions of epoch {epoch}",
+            {"flag": bool(stop), "preempted": bool(preempted), "due_by_time": due_by_time},
+            timeout_s=self._timeout_s(),
+        )
+        signalled = [p for p, post in enumerate(posts) if post["preempted"]]
+        if signalled and not preempted:
+            logger.warning("Processes %s were preempted: stopping after epoch %d", signalled, epoch)
+        stop, preempted = any(p["flag"] for p in posts), bool(signalled)
+        due = posts[0]["due_by_time"] or self.save_interval.due_by_epochs(epoch - self._clock.epoch)
+        return _Boundary(stop=stop, preempted=preempted, save=stop or preempted or due)
 
     def _run_final_groups(self, epoch: int, session: Session) -> None:
         if self.upload_task_group_builder is not None:

@@ -1,9 +1,14 @@
 """A training job for the exactness tests, run as a child process.
 
 Usage: python exact_job.py CKPT_DIR OUT_NPZ [--die-in-epoch K | --die-after-save K]
+    [--term-in-epoch K [--term-again]] [--save-every-epochs N] [--no-preemption]
 
-Dies with SIGKILL at the asked-for moment; otherwise trains 6 epochs and
-writes the final workspace (leaf bytes, dtypes and pytree structure) to OUT_NPZ.
+Dies with SIGKILL at the asked-for moment, or sends itself SIGTERM in epoch K
+(--term-again: once more while the preempted epoch's save commits; a
+preemption prints ``PREEMPTED <epoch>`` and lets ``jaxjob.Preempted``
+propagate); otherwise trains 6 epochs and writes the final workspace (leaf
+bytes, dtypes and pytree structure) to OUT_NPZ. The download and exit groups
+print ``DOWNLOAD RAN`` and ``EXIT RAN``.
 """
 
 import argparse
@@ -22,7 +27,14 @@ EPOCHS = 6
 tx = optax.adam(1e-2)
 
 
-def build_job(die_in_epoch: int | None) -> jaxjob.Job:
+def _signal_in_epoch(job: jaxjob.Job, epoch: int, sig: signal.Signals) -> None:
+    @job.epoch_group.task(jit=False)
+    def send_signal(ws):
+        if int(ws[jaxjob.job.EPOCH_COUNTER]) == epoch:
+            os.kill(os.getpid(), sig)
+
+
+def build_job(die_in_epoch: int | None, term_in_epoch: int | None = None) -> jaxjob.Job:
     job = jaxjob.Job()
 
     @job.init_group.task
@@ -59,12 +71,11 @@ def build_job(die_in_epoch: int | None) -> jaxjob.Job:
 
     jaxjob.epoch_limiter(job, EPOCHS)
     if die_in_epoch is not None:
-
-        @job.epoch_group.task(jit=False)
-        def maybe_die(ws):
-            if int(ws[jaxjob.job.EPOCH_COUNTER]) == die_in_epoch:
-                os.kill(os.getpid(), signal.SIGKILL)
-
+        _signal_in_epoch(job, die_in_epoch, signal.SIGKILL)
+    if term_in_epoch is not None:
+        _signal_in_epoch(job, term_in_epoch, signal.SIGTERM)
+    job.download_group.add(lambda ws: print("DOWNLOAD RAN", flush=True), jit=False)
+    job.exit_group.add(lambda ws: print("EXIT RAN", flush=True), jit=False)
     return job
 
 
@@ -79,6 +90,14 @@ class DyingManager(jaxjob.CheckpointManager):
         super().save(epoch, workspace, outputs=outputs)
         if epoch == self.die_after_save:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignallingManager(jaxjob.CheckpointManager):
+    """Sends itself SIGTERM when the runner waits for the last save to commit."""
+
+    def wait_until_finished(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        super().wait_until_finished()
 
 
 def dump(ws, path):
@@ -101,18 +120,34 @@ def main(argv):
     parser.add_argument("--die-in-epoch", type=int)
     parser.add_argument("--die-after-save", type=int)
     parser.add_argument("--sleep-per-epoch", type=float, default=0.0)
+    parser.add_argument("--term-in-epoch", type=int)
+    parser.add_argument("--term-again", action="store_true")
+    parser.add_argument("--save-every-epochs", type=int, default=1)
+    parser.add_argument("--no-preemption", action="store_true")
     args = parser.parse_args(argv)
-    job = build_job(args.die_in_epoch)
+    job = build_job(args.die_in_epoch, args.term_in_epoch)
     if args.sleep_per_epoch:
         import time
 
         job.epoch_group.add(lambda ws: time.sleep(args.sleep_per_epoch), jit=False)
     if args.die_after_save is not None:
         ckpt = DyingManager(args.ckpt_dir, args.die_after_save)
+    elif args.term_again:
+        ckpt = SignallingManager(args.ckpt_dir)
     else:
         ckpt = jaxjob.CheckpointManager(args.ckpt_dir)
     session = jaxjob.Session()
-    last = jaxjob.JobRunner(job, ckpt).train(session)
+    runner = jaxjob.JobRunner(
+        job,
+        ckpt,
+        save_every_epochs=args.save_every_epochs,
+        preemption_signals=() if args.no_preemption else (signal.SIGTERM,),
+    )
+    try:
+        last = runner.train(session)
+    except jaxjob.Preempted as err:
+        print(f"PREEMPTED {err.epoch}", flush=True)
+        raise
     print(f"finished at epoch {last}", flush=True)
     dump(session.workspace, args.out)
 

@@ -3,7 +3,9 @@
 Usage: ``python mp_job.py DB_PREFIX EPOCHS`` with options as JSON in ``MP_JOB``:
 ``kill``/``hang``/``fail``: ``[epoch, process]`` where that process SIGKILLs
 itself mid-epoch, sleeps mid-epoch, or has its save of that epoch fail;
-``policy`` (on_save_error), ``timeout_s``, ``host_map`` ("mod2").
+``term``: ``[epoch, process]`` where that process sends itself SIGTERM mid-epoch
+(a preemption: each process prints ``PREEMPTED {json}`` and exits 75);
+``policy`` (on_save_error), ``timeout_s``, ``host_map`` ("mod2"), ``save_every_epochs``.
 It prints one ``RESULT {json}`` line per process.
 """
 
@@ -69,6 +71,8 @@ def advance(ws):
     LAST_EPOCH_END[0] = time.monotonic()
     if at("kill", ws["seen"]):
         os.kill(os.getpid(), signal.SIGKILL)
+    if at("term", ws["seen"]):
+        os.kill(os.getpid(), signal.SIGTERM)
     if at("hang", ws["seen"]):
         time.sleep(120)
     return {"cursor": ws["cursor"] + np.array([1, 1]), "seen": ws["seen"] + 1}
@@ -116,10 +120,21 @@ def main() -> int:
         write_timeout_s=OPTS.get("write_timeout_s", 60),
         host_map=host_map,
     )
-    runner = jaxjob.JobRunner(job, ckpt, on_save_error=OPTS.get("policy", "warn"))
+    runner = jaxjob.JobRunner(
+        job,
+        ckpt,
+        on_save_error=OPTS.get("policy", "warn"),
+        save_every_epochs=OPTS.get("save_every_epochs", 1),
+    )
     session = jaxjob.Session()
     try:
         last = runner.train(session)
+    except jaxjob.Preempted as err:
+        seen = session.workspace["seen"]
+        print(
+            "PREEMPTED", json.dumps({"process": ME, "epoch": err.epoch, "seen": seen}), flush=True
+        )
+        sys.exit(75)  # both processes exit together: jax.distributed's exit barrier is met
     except jaxjob.CheckpointSaveError as err:
         print("RAISED", err, flush=True)
         jaxjob.hosts.exchange("the error printout", {}, timeout_s=30)

@@ -1,6 +1,7 @@
 """jaxjob launch: environment, output prefixes, exit codes, stopping the others on failure."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -129,3 +130,29 @@ def test_every_jaxjob_log_line_names_its_process(tmp_path):
     for line in lines:
         launcher_prefix, _, _, *message = line.split()
         assert message[0] == launcher_prefix, line
+
+
+FORWARDED = """
+import os, signal, sys, time
+i = os.environ["JAXJOB_PROCESS_ID"]
+signal.signal(signal.SIGTERM, lambda s, f: (print("GOT SIGTERM", i, flush=True), sys.exit(75)))
+print("READY", i, flush=True)
+time.sleep(120)
+"""
+
+
+def test_sigterm_to_the_launcher_reaches_every_process(tmp_path):
+    """A scheduler's SIGTERM to `jaxjob launch` is passed on to each process; their status comes
+    back (75 here), well before the processes' 120 s sleep ends."""
+    (tmp_path / "job.py").write_text(FORWARDED)
+    argv = [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--"]
+    proc = subprocess.Popen(
+        argv + [sys.executable, str(tmp_path / "job.py")], stdout=subprocess.PIPE, text=True
+    )
+    ready = [proc.stdout.readline() for _ in range(2)]
+    assert sorted(ready) == ["[process=0] READY 0\n", "[process=1] READY 1\n"]
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 75 and time.monotonic() - start < 30
+    assert set(rest.splitlines()) == {"[process=0] GOT SIGTERM 0", "[process=1] GOT SIGTERM 1"}

@@ -1,0 +1,137 @@
+"""Preemption signals: noticed while ``JobRunner.train`` runs, acted upon at an epoch boundary.
+
+A scheduler preempts a job by sending it a signal (SIGTERM on Kubernetes,
+SLURM and Cloud TPU) and killing it some seconds later. :class:`SignalWatch`
+replaces the handlers of the given signals, for as long as it is entered,
+with one that only records the signal; the runner reads :attr:`requested`
+at each epoch boundary, saves that epoch and raises :class:`jaxjob.Preempted`.
+On exit the previous handlers come back, including a handler installed
+outside Python: ``jax.distributed.initialize`` installs one for SIGTERM in
+C++ (JAX's preemption notifier), which ``signal.getsignal`` cannot see.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import signal
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from jaxjob.log import get_logger
+
+__all__ = ["SignalWatch", "check_signals"]
+
+logger = get_logger(__name__)
+_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+_SIGACTION_SIZE = 512  # larger than any libc's struct sigaction: saved and restored as bytes
+
+
+def check_signals(signals: Iterable[Any]) -> tuple[signal.Signals, ...]:
+    """Returns ``signals`` as a tuple of ``signal.Signals``.
+
+    Raises:
+        ValueError: Naming ``preemption_signals``, the value and what is
+            expected, for a non-signal or a signal that cannot be caught.
+
+    Example:
+        >>> check_signals([15])
+        (<Signals.SIGTERM: 15>,)
+    """
+    if isinstance(signals, str | bytes) or not isinstance(signals, Iterable):
+        raise ValueError(
+            f"preemption_signals must be a sequence of signals, e.g. (signal.SIGTERM,); "
+            f"got {signals!r}"
+        )
+    checked = []
+    for value in signals:
+        try:
+            sig = signal.Signals(value)
+        except (ValueError, TypeError):
+            sig = None
+        if sig is None or isinstance(value, bool) or sig in _UNCATCHABLE:
+            raise ValueError(
+                f"preemption_signals must hold signals that can be caught (e.g. "
+                f"signal.SIGTERM, signal.SIGUSR1), got {value!r} in {signals!r}"
+            )
+        checked.append(sig)
+    return tuple(dict.fromkeys(checked))
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        return libc if hasattr(libc, "sigaction") else None
+    except OSError:
+        return None
+
+
+def _raw_handler(libc: Any, sig: signal.Signals) -> Any:
+    """The process's ``struct sigaction`` for ``sig``, as opaque bytes (None if unavailable)."""
+    if libc is None:
+        return None
+    saved = ctypes.create_string_buffer(_SIGACTION_SIZE)
+    return saved if libc.sigaction(int(sig), None, saved) == 0 else None
+
+
+class SignalWatch:
+    """Records the given signals while entered; restores the previous handlers on exit.
+
+    Entered off the main thread (where Python cannot install handlers), it
+    does nothing and logs that at debug level. A signal that arrives again
+    after the first is logged as a warning and otherwise ignored: the
+    runner is saving and committing the preempted epoch, which a second
+    signal must not tear (SIGKILL still kills; the committed epochs stay).
+
+    Args:
+        signals: The signals to watch; empty watches nothing.
+
+    Example:
+        >>> import os, signal
+        >>> with SignalWatch([signal.SIGUSR1]) as watch:
+        ...     os.kill(os.getpid(), signal.SIGUSR1)
+        >>> watch.requested, signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+        (True, True)
+    """
+
+    def __init__(self, signals: Iterable[signal.Signals]) -> None:
+        self.signals = tuple(signals)
+        self.received: list[signal.Signals] = []
+        self._previous: dict[signal.Signals, tuple[Any, Any]] = {}
+
+    @property
+    def requested(self) -> bool:
+        """Whether one of the signals arrived while entered."""
+        return bool(self.received)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        sig = signal.Signals(signum)
+        self.received.append(sig)
+        if len(self.received) == 1:
+            logger.warning("Received %s: stopping after this epoch, once it is saved", sig.name)
+        else:
+            logger.warning(
+                "Received %s again: ignored while the preempted epoch is saved and committed",
+                sig.name,
+            )
+
+    def __enter__(self) -> SignalWatch:
+        if not self.signals:
+            return self
+        if threading.current_thread() is not threading.main_thread():
+            logger.debug("Not watching preemption signals: train runs off the main thread")
+            return self
+        libc = _libc()
+        for sig in self.signals:
+            self._previous[sig] = (_raw_handler(libc, sig), signal.getsignal(sig))
+            signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        libc = _libc() if self._previous else None
+        for sig, (raw, handler) in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            if raw is not None and libc is not None:
+                libc.sigaction(int(sig), raw, None)  # a handler installed outside Python, too
+        self._previous.clear()
