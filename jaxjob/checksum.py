@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxjob import fs
+from jaxjob import fs, keypaths
 from jaxjob.errors import CorruptCheckpointError
 
 __all__ = ["ALGORITHM", "digest", "doc_checksum", "verify_checkpoint"]
@@ -270,14 +270,27 @@ def _held(value: Any) -> list[tuple[Index, np.ndarray]]:
     return [(tuple((0, d) for d in array.shape), array)]
 
 
-def describe(path: str, item: str, spec: Any, epoch: int, record: Record | None, why: str) -> str:
-    """One line naming a damaged leaf, its epoch and file."""
+def key_path(found: Any, item: str, stored: str) -> str:
+    """The ``/``-joined key path of the stored leaf ``stored`` (``params/0/w``)."""
+    for name, structure in found.structure(item).items():
+        for segments, leaf in keypaths.leaf_names(structure):
+            if leaf == stored:
+                return keypaths.join((name, *segments))
+    return stored
+
+
+def describe(path: str, item: str, spec: Any, found: Any, record: Record | None, why: str) -> str:
+    """One line naming a damaged leaf (its ``/``-joined key path), its epoch and file."""
     process = record[2] if record is not None else None
     where = data_location(path, item, spec.name, process)
     shard = ""
     if record is not None:
         shard = " (shard " + ", ".join(f"{a}:{b}" for a, b in record[0]) + f" of process {process})"
-    return f"leaf {spec.path} (stored as {spec.name}) of epoch {epoch} in {where!r}{shard}: {why}"
+    key = key_path(found, item, spec.name)
+    return (
+        f"leaf {key} ({spec.path}, stored as {spec.name}) of epoch {found.epoch} in {where!r}"
+        f"{shard}: {why}"
+    )
 
 
 def _stored_target(spec: Any, found: Any) -> np.ndarray:
@@ -319,9 +332,9 @@ def check_leaf(
         value = read_leaf(reader, path, item, spec, found)
     except READ_ERRORS as err:
         why = f"unreadable ({type(err).__name__}: {_first_line(err)})"
-        return [describe(path, item, spec, found.epoch, None, why)]
+        return [describe(path, item, spec, found, None, why)]
     bad, _ = mismatches(value, records.get(spec.name, []))
-    return [describe(path, item, spec, found.epoch, r, "checksum mismatch") for r in bad]
+    return [describe(path, item, spec, found, r, "checksum mismatch") for r in bad]
 
 
 def _first_line(err: BaseException) -> str:
@@ -350,7 +363,7 @@ def verify_checkpoint(path: str) -> list[str]:
         >>> ckpt = jaxjob.CheckpointManager(tempfile.mkdtemp())
         >>> ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(3)}))
         >>> ckpt.wait_until_finished()
-        >>> jaxjob.checksum.verify_checkpoint(ckpt.get_ckpt_db_name("local", 0))
+        >>> ckpt.verify(0)  # reads the same checks through the manager
         []
     """
     from jaxjob import manifest, orbax_adapter, storage  # they import this module

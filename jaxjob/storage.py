@@ -267,7 +267,7 @@ def _check(path: str, manifest: Manifest, item: str, specs, restored: Mapping[st
     for spec in specs:
         bad, _ = checksum.mismatches(restored[spec.name], records.get(spec.name, []))
         lines += [
-            checksum.describe(path, item, spec, manifest.epoch, r, "checksum mismatch") for r in bad
+            checksum.describe(path, item, spec, manifest, r, "checksum mismatch") for r in bad
         ]
     if lines:
         raise checksum.corrupt(manifest.epoch, path, "; ".join(lines))

@@ -84,9 +84,9 @@ CORRUPTIONS = {
 }
 # What the error names for each: the big leaf (all data corruptions) or the manifest file.
 NAMED = {
-    "flip": r"leaf \['w'\].*epoch 1 in '.*local\.1/state.*(checksum mismatch|unreadable)",
-    "truncate": r"leaf \['w'\].*epoch 1 in '.*local\.1/state.*unreadable",
-    "delete": r"leaf \['w'\].*epoch 1 in '.*local\.1/state.*unreadable",
+    "flip": r"leaf w \(\['w'\].*epoch 1 in '.*local\.1/state.*(checksum mismatch|unreadable)",
+    "truncate": r"leaf w \(\['w'\].*epoch 1 in '.*local\.1/state.*unreadable",
+    "delete": r"leaf w \(\['w'\].*epoch 1 in '.*local\.1/state.*unreadable",
     "manifest": r"epoch 1 at '.*local\.1' is corrupt: the manifest '.*manifest\.json' fails",
 }
 

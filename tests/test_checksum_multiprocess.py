@@ -77,7 +77,7 @@ def test_each_process_checksums_its_shards_and_all_fall_back_to_the_same_epoch(t
     victim = max(sorted(os.scandir(data), key=lambda e: e.name), key=lambda e: e.stat().st_size)
     flip_file(victim)
     (line,) = checksum.verify_checkpoint(path)  # a checksum mismatch or a zstd decode error
-    assert line.startswith("leaf ['x']") and "epoch 3" in line and victim.path in line
+    assert line.startswith("leaf x (['x']") and "epoch 3" in line and victim.path in line
     resumed, log = _launch(tmp_path)
     assert "The checkpoint of epoch 3 is damaged" in log
     assert resumed == clean

@@ -200,7 +200,9 @@ def test_verify_names_each_damaged_leaf_and_exits_1(run_dir, tmp_path, capsys):
     _, table, _ = _main(["show", run_dir], capsys)
     every_leaf = [line.split()[0] for line in table.splitlines()[2:-1]]
     named = [
-        re.match(rf"{copy}: state leaf (\S+) \(\[.*\) unreadable: \w+Error: ", line)
+        re.match(
+            rf"leaf (\S+) \(\[.*, stored as l\d+\) of epoch 2 in '{copy}/state.*unreadable", line
+        )
         for line in lines[:-1]
     ]
     assert all(named), lines
@@ -219,7 +221,8 @@ def test_verify_reports_a_missing_commit_marker_and_a_broken_manifest(run_dir, t
         f"{unmarked}: not committed (no commit marker): an interrupted or unfinished save"
     )
     status, out, _ = _main(["verify", broken], capsys)
-    assert status == 1 and out.startswith(f"{broken}: manifest unreadable: the manifest ")
+    assert status == 1 and out.startswith(f"{broken}: manifest unreadable: the checkpoint of epoch")
+    assert "is not valid JSON" in out.splitlines()[0]
 
 
 @pytest.mark.parametrize(
