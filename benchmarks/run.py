@@ -37,8 +37,8 @@ FULL = {
     "exchange": ["--calls", "100", "--blocks", "4"],
     "loop": ["--epochs", "12", "--rounds", "3"],
     "overlap": ["--mib", "1024", "--rounds", "5"],
-    "digits": ["--epochs", "30", "--rounds", "2"],
-    "digits_mp": ["--epochs", "30", "--exchanges", "100"],
+    "digits": ["--epochs", "20", "--rounds", "1"],
+    "digits_mp": ["--epochs", "20", "--exchanges", "100"],
     "cloud": ["--mib", "16", "--repeats", "3"],
 }
 QUICK = {
