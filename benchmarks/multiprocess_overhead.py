@@ -9,6 +9,7 @@ agreement, stats), each as a ratio to the epoch without checkpoints.
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -37,18 +38,21 @@ def exchange_times(count):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--exchanges", type=int, default=200)
     args = parser.parse_args()
     plain = statistics.median(epoch_times(args.epochs, None))
     # Every process must write to the same directory: process 0 picks it.
     directory = jaxjob.hosts.decide("the directory", tempfile.mkdtemp, timeout_s=60)
     saved = statistics.median(epoch_times(args.epochs, directory))
-    wait = statistics.median(exchange_times(200))
+    wait = statistics.median(exchange_times(args.exchanges))
     if jax.process_index() == 0:
         print(f"processes: {jax.process_count()}, devices: {jax.device_count()}")
         print(f"median s/epoch without checkpoints: {plain:.4f}")
         print(f"median s/epoch with async checkpoint every epoch: {saved:.4f}")
         print(f"ratio (with / without): {saved / plain:.2f}")
         print(f"median s per cross-process wait: {wait:.5f} ({wait / plain:.3f} of an epoch)")
+        result = {"processes": jax.process_count(), "plain": plain, "saved": saved, "wait": wait}
+        print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,18 +2,19 @@
 
 Every cross-host wait in jaxjob goes through :func:`exchange`: each process
 posts a small JSON payload to the ``jax.distributed`` coordination service's
-key-value store and waits, up to a timeout, for every other process's
-payload. Processes make the same sequence of calls (SPMD), so the n-th call
-of one process meets the n-th call of every other. A process that does not
-arrive in time makes the others raise :class:`HostTimeoutError`, which names
-it. With one process nothing is waited for.
+key-value store, waits at a barrier, up to a timeout, until every process
+has posted, then reads all payloads with one directory read: O(N) requests
+to the service per exchange (N sets, N barrier arrivals, N directory reads),
+where reading each peer's key would take N^2. Processes make the same
+sequence of calls (SPMD), so the n-th call of one process meets the n-th
+call of every other. A process that does not arrive in time makes the
+others raise :class:`HostTimeoutError`, which names it. With one process nothing is waited for.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -70,19 +71,10 @@ def exchange(what: str, payload: dict[str, Any], *, timeout_s: float) -> list[di
         return [payload]
     client, call, me = _client(), next(_calls), jax.process_index()
     client.key_value_set(f"{_PREFIX}/{call}/{me}", json.dumps({"what": what, "payload": payload}))
-    if call >= 2:  # every peer has read call-2: it posted call-1, which needs all of call-2
+    if call >= 2:  # every peer has read call-2: it reached the barrier of call-1
         client.key_value_delete(f"{_PREFIX}/{call - 2}/{me}")
-    deadline = time.monotonic() + timeout_s
-    posts = []
-    for process in range(jax.process_count()):
-        remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
-        try:
-            raw = client.blocking_key_value_get(f"{_PREFIX}/{call}/{process}", remaining_ms)
-        except jax.errors.JaxRuntimeError as err:
-            if "DEADLINE_EXCEEDED" not in str(err):
-                raise
-            raise HostTimeoutError(what, _missing(client, call), timeout_s) from None
-        posts.append(json.loads(raw))
+    _barrier(client, call, what, timeout_s)
+    posts = _posts(client, call)
     diverged = {p["what"] for p in posts} - {what}
     if diverged:
         raise RuntimeError(
@@ -92,10 +84,32 @@ def exchange(what: str, payload: dict[str, Any], *, timeout_s: float) -> list[di
     return [p["payload"] for p in posts]
 
 
-def _missing(client: Any, call: int) -> list[int]:
-    arrived = {
-        int(key.rsplit("/", 1)[1]) for key, _ in client.key_value_dir_get(f"{_PREFIX}/{call}/")
+def _barrier(client: Any, call: int, what: str, timeout_s: float) -> None:
+    """Waits until every process has posted its payload of ``call``: O(N) requests in all."""
+    try:
+        client.wait_at_barrier(f"{_PREFIX}/{call}", max(1, int(timeout_s * 1000)))
+    except jax.errors.JaxRuntimeError as err:
+        if "DEADLINE_EXCEEDED" not in str(err):
+            raise
+        raise HostTimeoutError(what, _missing(client, call), timeout_s) from None
+
+
+def _posted(client: Any, call: int) -> dict[int, str]:
+    """The posts of ``call`` present in the key-value store, by process, with one directory read."""
+    return {
+        int(key.rsplit("/", 1)[1]): raw
+        for key, raw in client.key_value_dir_get(f"{_PREFIX}/{call}/")
     }
+
+
+def _posts(client: Any, call: int) -> list[dict[str, Any]]:
+    """Every process's post of ``call``, in process order (after the barrier: all present)."""
+    found = _posted(client, call)
+    return [json.loads(found[process]) for process in range(jax.process_count())]
+
+
+def _missing(client: Any, call: int) -> list[int]:
+    arrived = _posted(client, call)
     return [p for p in range(jax.process_count()) if p not in arrived]
 
 

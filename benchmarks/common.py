@@ -1,0 +1,78 @@
+"""Helpers shared by the benchmarks: workspaces, clocks, peak RSS and bytes read of this process."""
+
+import os
+import re
+import statistics
+import time
+
+import numpy as np
+
+
+def workspace_arrays(leaves, leaf_bytes, seed=0):
+    """``leaves`` float32 NumPy arrays of ``leaf_bytes`` each, random (so nothing compresses)."""
+    rng = np.random.default_rng(seed)
+    n = leaf_bytes // 4
+    return {f"l{i:03d}": rng.standard_normal(n, dtype=np.float32) for i in range(leaves)}
+
+
+def timed(fn, *args, **kwargs):
+    """(seconds, result) of one call."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return time.perf_counter() - start, result
+
+
+def summary(values):
+    """Median, min and max of a list of numbers (a dict; None for an empty list)."""
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _status(field):
+    with open("/proc/self/status") as f:
+        text = f.read()
+    return int(re.search(rf"{field}:\s+(\d+)", text).group(1)) * 1024
+
+
+def rss():
+    """This process's resident set size, in bytes."""
+    return _status("VmRSS")
+
+
+def reset_peak_rss():
+    """Resets this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss():
+    """This process's peak RSS since start or the last :func:`reset_peak_rss`, in bytes."""
+    return _status("VmHWM")
+
+
+def bytes_read():
+    """Bytes this process has passed through read system calls (``rchar`` of /proc/self/io)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("no rchar in /proc/self/io")
+
+
+def fsync_path(path):
+    """fsyncs a file or directory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root):
+    """fsyncs every file and directory under ``root``, then ``root`` and its parent."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fsync_path(os.path.join(dirpath, name))
+        fsync_path(dirpath)
+    fsync_path(os.path.dirname(os.path.abspath(root)))

@@ -1,0 +1,265 @@
+"""The benchmark's table: each figure as a ratio to its reference, with the target beside it."""
+
+
+def _med(tree, *keys):
+    """The median at ``tree[k1][k2]...`` (a summary dict or a number), or None if missing."""
+    for key in keys:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    if isinstance(tree, dict):
+        return tree.get("median")
+    return tree if isinstance(tree, int | float) else None
+
+
+def _row(figure, value, reference, ref_value, target=None, unit="s"):
+    ratio = value / ref_value if value is not None and ref_value else None
+    return {
+        "figure": figure,
+        "value": value,
+        "unit": unit,
+        "reference": reference,
+        "reference_value": ref_value,
+        "ratio": ratio,
+        "target": target,
+        "met": None if target is None or ratio is None else ratio <= target,
+    }
+
+
+def _storage_rows(label, ws, one_of):
+    j = ws.get("jaxjob", {})
+    lim = ws.get("limits", {})
+    rows = [
+        _row(
+            f"{label}: jaxjob save to durable commit",
+            _med(j, "commit"),
+            "write+fsync",
+            _med(lim, "write_fsync"),
+            1.3,
+        ),
+        _row(
+            f"{label}: jaxjob blocked",
+            _med(j, "blocked"),
+            "jaxjob save to commit",
+            _med(j, "commit"),
+            0.05,
+        ),
+        _row(
+            f"{label}: jaxjob full restore",
+            _med(j, "restore"),
+            "torch.load",
+            _med(ws, "torch", "restore"),
+            1.2,
+        ),
+        _row(
+            f"{label}: jaxjob full restore",
+            _med(j, "restore"),
+            "Orbax default restore",
+            _med(ws, "orbax", "restore"),
+            0.5,
+        ),
+        _row(
+            f"{label}: jaxjob full restore",
+            _med(j, "restore"),
+            "page-cache read",
+            _med(lim, "page_cache_read"),
+            2.5,
+        ),
+        _row(
+            f"{label}: jaxjob partial restore 1 of {one_of}",
+            _med(j, "restore_one"),
+            "jaxjob full restore",
+            _med(j, "restore"),
+            0.3 if one_of == 4 else 0.05,
+        ),
+        _row(
+            f"{label}: bytes read, 1 of {one_of}",
+            _med(j, "restore_one_bytes"),
+            "bytes read, full restore",
+            _med(j, "restore_bytes"),
+            None,
+            "B",
+        ),
+        _row(
+            f"{label}: peak RSS in save",
+            ws.get("rss-save") if isinstance(ws.get("rss-save"), float) else None,
+            "workspace",
+            1.0,
+            1.5,
+            "x",
+        ),
+        _row(
+            f"{label}: peak RSS in restore",
+            ws.get("rss-restore") if isinstance(ws.get("rss-restore"), float) else None,
+            "workspace",
+            1.0,
+            1.5,
+            "x",
+        ),
+    ]
+    for method, name in (
+        ("orbax", "Orbax default"),
+        ("torch", "torch.save"),
+        ("safetensors", "safetensors"),
+        ("numpy", "np.save"),
+    ):
+        rows.append(
+            _row(
+                f"{label}: {name} save (fsynced) to commit",
+                _med(ws, method, "commit"),
+                "write+fsync",
+                _med(lim, "write_fsync"),
+            )
+        )
+    for method, name in (
+        ("torch", "torch.load"),
+        ("safetensors", "safetensors load"),
+        ("numpy", "np.load"),
+        ("limits", "memcpy"),
+    ):
+        figure = "memcpy" if method == "limits" else "restore"
+        rows.append(
+            _row(
+                f"{label}: {name}",
+                _med(ws, method, figure),
+                "page-cache read",
+                _med(lim, "page_cache_read"),
+            )
+        )
+    return rows
+
+
+def _size(leaves, leaf_bytes):
+    total = leaves * leaf_bytes
+    return f"{total / 2**30:g} GiB" if total >= 2**30 else f"{total / 2**20:g} MiB"
+
+
+def build_rows(results):
+    """Every row of the table from the raw results of :mod:`run`."""
+    storage, plan = results.get("storage", {}), results["plan"]
+    big, many = plan["big"], plan["many"]
+    rows = _storage_rows(f"{_size(*big)} in {big[0]} leaves", storage.get("big", {}), big[0])
+    rows += _storage_rows(f"{_size(*many)} in {many[0]} leaves", storage.get("many", {}), many[0])
+    tiny = storage.get("tiny", {})
+    rows += [
+        _row(
+            "tiny 10 x 64 KiB: jaxjob save to commit",
+            _med(tiny, "jaxjob", "commit"),
+            "10 ms",
+            0.010,
+            1.0,
+        ),
+        _row(
+            "tiny 10 x 64 KiB: jaxjob blocked", _med(tiny, "jaxjob", "blocked"), "2 ms", 0.002, 1.0
+        ),
+        _row(
+            "tiny 10 x 64 KiB: jaxjob save to commit",
+            _med(tiny, "jaxjob", "commit"),
+            "safetensors + fsync",
+            _med(tiny, "safetensors", "commit"),
+        ),
+    ]
+    loop = results.get("loop", {})
+    rows.append(
+        _row(
+            "epoch loop s/epoch: JobRunner, save every epoch",
+            _med(loop, "jobrunner"),
+            "hand-written jit + Orbax loop",
+            _med(loop, "hand_orbax"),
+            1.03,
+        )
+    )
+    rows.append(
+        _row(
+            "epoch loop s/epoch: JobRunner, save every epoch",
+            _med(loop, "jobrunner"),
+            "JobRunner without checkpoints",
+            _med(loop, "no_checkpoint"),
+        )
+    )
+    overlap = results.get("overlap", {})
+    rows.append(
+        _row(
+            "compute time during a background save",
+            _med(overlap, "overlapped"),
+            "compute alone",
+            _med(overlap, "alone"),
+            1.1,
+        )
+    )
+    digits = results.get("digits", {})
+    rows.append(
+        _row(
+            "digits s/epoch, 1 process, save every epoch",
+            _med(digits, "saved"),
+            "no checkpoints",
+            _med(digits, "plain"),
+        )
+    )
+    mp = results.get("digits_mp", {})
+    rows.append(
+        _row(
+            "digits s/epoch, 2 processes, save every epoch",
+            _med(mp, "saved"),
+            "no checkpoints",
+            _med(mp, "plain"),
+        )
+    )
+    rows.append(
+        _row(
+            "one exchange, 2 processes",
+            _med(mp, "wait"),
+            "digits epoch, no checkpoints",
+            _med(mp, "plain"),
+        )
+    )
+    for n, ex in results.get("exchange", {}).items():
+        rows.append(
+            _row(
+                f"ms per exchange, {n} processes: barrier + dir read",
+                _med(ex, "new"),
+                "N^2 gets (before)",
+                _med(ex, "old"),
+                None,
+                "ms",
+            )
+        )
+    cloud = results.get("cloud", {})
+    for what in ("save", "restore"):
+        rows.append(
+            _row(
+                f"gs:// (fake-gcs-server) {what}",
+                _med(cloud, f"gs_{what}"),
+                f"local {what}",
+                _med(cloud, f"local_{what}"),
+            )
+        )
+    return rows
+
+
+def _fmt(value, unit):
+    if value is None:
+        return "missing"
+    if unit == "B":
+        return f"{value / 2**20:.1f} MiB"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "ms":
+        return f"{value:.2f} ms"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def render(rows):
+    """The rows as a Markdown table."""
+    lines = [
+        "| figure | value | reference | ratio | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        target = "" if r["target"] is None else f"<= {r['target']:g}"
+        met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        reference = f"{r['reference']} ({_fmt(r['reference_value'], r['unit'])})"
+        cells = [r["figure"], _fmt(r["value"], r["unit"]), reference, ratio, target, met]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
