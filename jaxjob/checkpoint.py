@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 from jaxjob import boundary, fs, hosts, manifest, orbax_adapter, storage
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
-from jaxjob.layout import db_name, is_committed
+from jaxjob.layout import check_epoch, check_node_name, db_name, is_committed
 from jaxjob.log import get_logger
 from jaxjob.manager import (
     DEFAULT_WRITE_TIMEOUT_S,
@@ -126,7 +126,7 @@ class CheckpointManager(ManagerCore):
         self.owner_process = check_owner(owner_process)
         self._private = owner_process is not None
         self._exchange_stats = not self._private
-        self._node_name = str(node_name)
+        self._node_name = check_node_name(node_name)
         self._saver: ocp.Checkpointer | None = None
         self._reader: ocp.Checkpointer | None = None
         self._manifests: dict[str, manifest.Manifest] = {}
@@ -191,7 +191,7 @@ class CheckpointManager(ManagerCore):
 
     def check_db_exists(self, epoch: int) -> bool:
         """Whether this node's checkpoint of ``epoch`` is committed."""
-        return is_committed(db_name(epoch, self._node_name, self._db_prefix))
+        return is_committed(db_name(check_epoch(epoch), self._node_name, self._db_prefix))
 
     def _checkpoint(
         self, epoch: int, path_prefix: str | None = None, path_type: str | None = None
@@ -199,8 +199,7 @@ class CheckpointManager(ManagerCore):
         """The committed checkpoint directory of ``epoch`` and its manifest (read once)."""
         if path_type is not None:
             check_db_type(path_type, "path_type")
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise TypeError(f"epoch must be a non-negative int, got {epoch!r}")
+        epoch = check_epoch(epoch)
         prefix = path_prefix or self._path_prefix
         path = db_name(epoch, self._node_name, self._db_prefix, prefix)
         if path not in self._manifests:
@@ -250,6 +249,7 @@ class CheckpointManager(ManagerCore):
                 pytree types, dtypes and shardings of the names they cover.
 
         Raises:
+            TypeError: If ``epoch`` is not an int (ValueError if negative).
             FileNotFoundError: If ``epoch`` is not committed (lists those that are).
             ValueError: If a target differs from the checkpoint (names the key path).
         """
@@ -314,12 +314,15 @@ class CheckpointManager(ManagerCore):
             outputs: Epoch outputs the stop conditions read, saved alongside.
 
         Raises:
+            TypeError: If ``epoch`` is not an int.
+            ValueError: If ``epoch`` is negative.
             OSError: If ``db_prefix`` is not a writable directory here.
             CheckpointSaveError: If this save cannot start on another
                 process, or the previous async save failed on some process
                 (raised after this epoch's save has started).
             HostTimeoutError: If another process does not arrive in time.
         """
+        epoch = check_epoch(epoch)
         self._check_writer()
         started = self._pending.started if self._pending else None
         previous = self._finish_pending()

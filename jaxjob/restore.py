@@ -9,7 +9,7 @@ from typing import Any
 
 from jaxjob import fs, manifest, orbax_adapter, storage
 from jaxjob.hostlocal import HostMap
-from jaxjob.layout import committed_epochs, db_name, is_committed
+from jaxjob.layout import check_epoch, committed_epochs, db_name, is_committed
 from jaxjob.workspace import Workspace
 
 __all__ = ["restore"]
@@ -105,6 +105,7 @@ def restore(
         >>> jaxjob.restore(prefix, leaves=["params"])["params"]["w"].tolist()
         [1.0, 1.0]
     """
+    epoch = None if epoch is None else check_epoch(epoch)
     dirs = _checkpoint_dirs(fs.normalize(path, "path"), epoch, node_name)
     manifests = {d: manifest.read(d) for d in dirs}
     available = sorted({k for m in manifests.values() for k in m.state_keys})

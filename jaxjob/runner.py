@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from jaxjob import hosts
+from jaxjob import faults, hosts
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.job import Job
 from jaxjob.layout import db_name
@@ -111,6 +111,8 @@ class JobRunner:
                 logger.info("Resuming from epoch %d", resume)
         try:
             epoch, finished = self._start(session, resume)
+            if not finished:
+                self._check_stop_names(session)
             while not finished:
                 epoch += 1
                 finished = self._run_epoch(epoch, session)
@@ -152,23 +154,53 @@ class JobRunner:
             logger.info("The checkpoint of epoch %d meets a stop condition: finished", resume)
         return resume, bool(stopped)
 
+    def _check_stop_names(self, session: Session) -> None:
+        """Raises, before the first epoch, for a stop condition naming nothing the epoch can read.
+
+        The names are the workspace's and those the epoch group's jitted
+        program sets (traced abstractly, as its first run would). A host task
+        may set any name: with one in the epoch group, only the run can tell.
+        """
+        names = [c for c in self.job.stop_conditions if isinstance(c, str)]
+        missing = [n for n in names if n not in session.workspace]
+        steps = session.steps(self.job.epoch_group)
+        if not missing or not all(isinstance(step, _Program) for step in steps):
+            return
+        produced = set().union(*(step.set_names(session.workspace) for step in steps))
+        missing = [n for n in missing if n not in produced]
+        if missing:
+            raise KeyError(
+                f"stop conditions {missing} name no workspace leaf and no output of the epoch "
+                f"group; the workspace holds {sorted(session.workspace)} and the epoch group "
+                f"sets {sorted(produced)}: name one of those or pass a callable ws -> bool"
+            )
+
     def _restore_targets(self, session: Session, manager: Manager, epoch: int) -> dict[str, Any]:
-        """Traces the init group abstractly; host steps contribute the saved shapes."""
+        """Traces the init group abstractly; host steps contribute the saved shapes.
+
+        Raises:
+            ValueError: If the checkpoint holds other names than the init group sets.
+        """
         saved = manager.saved_shapes(epoch)
         abstract: dict[str, Any] = {}
         targets: dict[str, Any] = {}
+        host = False
         for step in session.steps(self.job.init_group):
             if isinstance(step, _Program):
                 produced = step.abstract(abstract)
                 targets.update(produced)
                 abstract.update(produced)
             else:
+                host = True
                 abstract.update({k: v for k, v in saved.items() if k not in abstract})
+        if len(manager.node_managers) == 1:  # (a process may resume only its own nodes)
+            _check_same_job(epoch, sorted(saved), sorted(targets), exact=not host)
         return {k: v for k, v in targets.items() if k in saved}
 
     def _run_epoch(self, epoch: int, session: Session) -> bool:
         logger.info("Starting epoch %d", epoch)
         run = session.run(self.job.epoch_group)
+        faults.point("epoch")
         values, read = self.job.stop_values(run)
         stopped = self._any_process(f"the stop conditions of epoch {epoch}", any(values))
         if self.checkpoint_manager is not None:
@@ -268,6 +300,22 @@ class JobRunner:
         for err in self.checkpoint_manager.finish_local():
             self.save_errors.append(err)
             logger.error("While handling an error, a pending save failed too: %s", err)
+
+
+def _check_same_job(epoch: int, saved: list[str], created: list[str], *, exact: bool) -> None:
+    """Raises if the checkpoint of ``epoch`` cannot be this job's (its names differ from init's).
+
+    Names the jitted init tasks create must all be saved; with no host task
+    in the init group, the checkpoint must hold no other name either.
+    """
+    lacking = [n for n in created if n not in saved]
+    extra = [n for n in saved if n not in created] if exact else []
+    if lacking or extra:
+        raise ValueError(
+            f"the checkpoint of epoch {epoch} is not this job's: the init group creates "
+            f"{created}, the checkpoint holds {saved} (missing {lacking}, extra {extra}); "
+            "use another db_prefix for another job, or resume it with the job that wrote it"
+        )
 
 
 def _as_save_error(epoch: int, where: str, err: BaseException) -> CheckpointSaveError:
