@@ -11,6 +11,7 @@ and the final workspace must be bitwise equal to the reference's.
 
 import random
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def test_every_phase_then_random_kills_resume_exactly(tmp_path, reference, compi
     processes, ref, wall = reference
     rng = random.Random(processes)
     kills = [{"kill_at": f"{p}:{1 if p in ONCE_PER_RUN else 2}"} for p in PHASES]
-    kills += [{"delay_s": rng.uniform(0.2, 0.7) * wall} for _ in range(5)]
+    kills += [{"delay_s": rng.uniform(0.1, 0.5) * wall} for _ in range(5)]
     prefix, options = str(tmp_path / "ckpt"), {"processes": processes, "env": compile_cache}
     done = [testing.run_killed(argv(tmp_path), prefix, **kill, **options) for kill in kills]
     testing.run(argv(tmp_path), db_prefix=prefix, **options)
@@ -89,12 +90,28 @@ def test_every_phase_then_random_kills_resume_exactly(tmp_path, reference, compi
     testing.assert_bitwise_equal(ref / "out", tmp_path / "out")
 
 
+def test_rerunning_a_finished_job_ends_exactly(tmp_path, reference, compile_cache, request):
+    """A job killed after its last commit, rerun, ends as it did: same values and shardings."""
+    processes, ref, _ = reference
+    if processes > 1:
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="open bug: resuming a finished 2-process job restores opt_state with the "
+                "init trace's sharding P() instead of P('d') that the epochs left",
+            )
+        )
+    shutil.copytree(ref / "ckpt", tmp_path / "ckpt")
+    testing.run(argv(tmp_path), db_prefix=tmp_path / "ckpt", processes=processes, env=compile_cache)
+    testing.assert_bitwise_equal(ref / "out", tmp_path / "out")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(20))
 def test_random_kill_resumes_exactly(tmp_path, reference, compile_cache, seed):
     """A SIGKILL at a random moment: the restarted job resumes and ends bitwise equal."""
     processes, ref, wall = reference
-    delay = random.Random(seed).uniform(0.1, 1.0) * wall
+    delay = random.Random(seed).uniform(0.1, 0.9) * wall
     kill = testing.kill_and_resume(
         argv(tmp_path),
         str(tmp_path / "ckpt"),
