@@ -13,7 +13,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-_SUBMODULES = ("distributed", "hosts", "keep")  # public modules
+_SUBMODULES = ("distributed", "hosts", "keep", "testing")  # public modules
 _EXPORTS = {  # public name -> the module defining it
     "CheckpointManager": "jaxjob.checkpoint",
     "CheckpointInUseError": "jaxjob.errors",
@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; the same names as _EXPORTS
     from jaxjob import distributed as distributed
     from jaxjob import hosts as hosts
     from jaxjob import keep as keep
+    from jaxjob import testing as testing
     from jaxjob.checkpoint import CheckpointManager as CheckpointManager
     from jaxjob.errors import CheckpointInUseError as CheckpointInUseError
     from jaxjob.errors import CheckpointSaveError as CheckpointSaveError

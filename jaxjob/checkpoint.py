@@ -14,7 +14,7 @@ from jaxjob import boundary, checksum, fs, hosts, lock, manifest, orbax_adapter,
 from jaxjob import keep as keep_lib
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
-from jaxjob.layout import db_name, is_committed
+from jaxjob.layout import check_epoch, check_node_name, db_name, is_committed
 from jaxjob.log import get_logger
 from jaxjob.manager import (
     DEFAULT_WRITE_TIMEOUT_S,
@@ -141,7 +141,7 @@ class CheckpointManager(ManagerCore):
         self.owner_process = check_owner(owner_process)
         self._private = owner_process is not None
         self._exchange_stats = not self._private
-        self._node_name = str(node_name)
+        self._node_name = check_node_name(node_name)
         self._saver: ocp.Checkpointer | None = None
         self._reader: ocp.Checkpointer | None = None
         self._manifests: dict[str, manifest.Manifest] = {}
@@ -216,7 +216,7 @@ class CheckpointManager(ManagerCore):
 
     def check_db_exists(self, epoch: int) -> bool:
         """Whether this node's checkpoint of ``epoch`` is committed."""
-        return is_committed(db_name(epoch, self._node_name, self._db_prefix))
+        return is_committed(db_name(check_epoch(epoch), self._node_name, self._db_prefix))
 
     def _checkpoint(
         self, epoch: int, path_prefix: str | None = None, path_type: str | None = None
@@ -224,8 +224,7 @@ class CheckpointManager(ManagerCore):
         """The committed checkpoint directory of ``epoch`` and its manifest (read once)."""
         if path_type is not None:
             check_db_type(path_type, "path_type")
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise TypeError(f"epoch must be a non-negative int, got {epoch!r}")
+        epoch = check_epoch(epoch)
         prefix = path_prefix or self._path_prefix
         path = db_name(epoch, self._node_name, self._db_prefix, prefix)
         if path not in self._manifests:
@@ -275,6 +274,7 @@ class CheckpointManager(ManagerCore):
                 pytree types, dtypes and shardings of the names they cover.
 
         Raises:
+            TypeError: If ``epoch`` is not an int (ValueError if negative).
             FileNotFoundError: If ``epoch`` is not committed (lists those that are).
             ValueError: If a target differs from the checkpoint (names the key path).
         """
@@ -350,6 +350,8 @@ class CheckpointManager(ManagerCore):
             outputs: Epoch outputs the stop conditions read, saved alongside.
 
         Raises:
+            TypeError: If ``epoch`` is not an int.
+            ValueError: If ``epoch`` is negative.
             OSError: If ``db_prefix`` is not a writable directory here.
             CheckpointSaveError: If this save cannot start on another
                 process, or the previous async save failed on some process
@@ -357,6 +359,9 @@ class CheckpointManager(ManagerCore):
             CheckpointInUseError: If another live process writes this node here.
             HostTimeoutError: If another process does not arrive in time.
         """
+        epoch = check_epoch(epoch)
+        for name in [*workspace, *(outputs or {})]:  # before the lock: nothing is written
+            manifest.check_name(name)
         self._check_writer()
         unwritable = self._take_lock()
         started = self._pending.started if self._pending else None

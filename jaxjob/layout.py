@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from jaxjob import fs
 
 __all__ = [
     "COMMIT_MARKER",
+    "check_epoch",
+    "check_node_name",
     "committed_epochs",
     "common_epochs",
     "db_name",
@@ -17,6 +21,47 @@ __all__ = [
 ]
 
 COMMIT_MARKER = "commit_success.txt"  # Orbax's; written last, also by jaxjob's durable rename
+
+
+def check_epoch(epoch: Any, argument: str = "epoch") -> int:
+    """Returns ``epoch`` if it is an int >= 0 (a checkpoint's epoch).
+
+    Raises:
+        TypeError: If it is not an int (a bool is not one).
+        ValueError: If it is negative.
+
+    Example:
+        >>> check_epoch(-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: epoch must be >= 0, got -1
+    """
+    if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral):
+        raise TypeError(f"{argument} must be an int >= 0, got {epoch!r} ({type(epoch).__name__})")
+    if epoch < 0:
+        raise ValueError(f"{argument} must be >= 0, got {epoch!r}")
+    return int(epoch)
+
+
+def check_node_name(name: Any) -> str:
+    r"""Returns ``name`` if it can name a node's checkpoint directory ``<node>.<epoch>``.
+
+    Raises:
+        ValueError: If it is empty, ``.`` or ``..``, or holds ``/``, ``\`` or NUL.
+
+    Example:
+        >>> check_node_name("../x")
+        Traceback (most recent call last):
+        ...
+        ValueError: node_name must be a plain directory name (...), got '../x'
+    """
+    text = str(name)
+    if text in ("", ".", "..") or any(c in text for c in "/\\\0"):
+        raise ValueError(
+            "node_name must be a plain directory name (no '/', '\\' or NUL, not '.' or '..'), "
+            f"got {text!r}"
+        )
+    return text
 
 
 def get_ckpt_filename(node_name: str, epoch: int) -> str:

@@ -189,6 +189,12 @@ class ManagerCore:
     ) -> None:
         self._keep = keep_lib.normalize(keep)
         self._db_prefix = fs.normalize(db_prefix, "db_prefix")
+        local = not fs.is_remote(self._db_prefix)
+        if local and fs.exists(self._db_prefix) and not fs.is_dir(self._db_prefix):
+            raise NotADirectoryError(
+                f"db_prefix {self._db_prefix!r} is a file, not a directory; pass the "
+                "directory that holds (or will hold) the checkpoints"
+            )
         self._db_type = check_db_type(db_type, "db_type")
         self._metadata_handler = metadata_handler or DiskMetadataHandler()
         self.options = options

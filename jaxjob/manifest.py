@@ -120,6 +120,16 @@ class Manifest:
             raise ValueError(f"the manifest of {where!r} is malformed: {err}") from None
 
 
+def check_name(name: str) -> None:
+    """Refuses a workspace name that reads as an unsafe path (the names jaxjob uses pass)."""
+    parts = name.split("/")
+    if "\0" in name or name.startswith("/") or "." in parts or ".." in parts:
+        raise ValueError(
+            f"workspace name {name!r} cannot be checkpointed: a saved name must not start "
+            "with '/', hold NUL or have '.' or '..' between its '/'s; rename it"
+        )
+
+
 def build(
     epoch: int,
     node: str,
@@ -131,6 +141,7 @@ def build(
 
     Raises:
         TypeError: Naming the key path of a leaf that cannot be checkpointed.
+        ValueError: If a workspace name is unsafe as a path (``..``, absolute, NUL).
     """
     counter = itertools.count()
     structures: dict[str, dict[str, Any]] = {STATE: {}, OUTPUTS: {}}
@@ -138,6 +149,7 @@ def build(
     flat: dict[str, dict[str, Any]] = {STATE: {}, OUTPUTS: {}}
     for item, tree in ((STATE, state), (OUTPUTS, outputs)):
         for name, value in tree.items():
+            check_name(name)
             structure, found = codec.flatten(value, f"[{name!r}]", counter)
             structures[item][name] = structure
             for stored, leaf, path in found:

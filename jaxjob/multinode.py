@@ -116,6 +116,12 @@ class MultiNodeCheckpointManager(ManagerCore):
 
     def _make_managers(self, nodes: Sequence[Any]) -> None:
         names = [str(n) for n in nodes]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"nodes {names} name {twice} more than once: two managers would write the "
+                "same checkpoint directories; give each node once"
+            )
         if self._node_managers is not None:
             current = [n for n, _ in self._node_managers]
             if current != names:

@@ -9,7 +9,7 @@ from typing import Any
 
 from jaxjob import fs, keypaths, manifest, orbax_adapter, storage
 from jaxjob.hostlocal import HostMap
-from jaxjob.layout import committed_epochs, db_name, is_committed
+from jaxjob.layout import check_epoch, committed_epochs, db_name, is_committed
 from jaxjob.workspace import Workspace
 
 __all__ = ["checkpoint_dirs", "restore"]
@@ -142,6 +142,7 @@ def restore(
         >>> jaxjob.restore(prefix, target=like)["opt"].tolist()
         [0.0, 0.0]
     """
+    epoch = None if epoch is None else check_epoch(epoch)
     if isinstance(leaves, str):
         raise TypeError(f"leaves must be a list of names or key paths, got the string {leaves!r}")
     if target is not None and not isinstance(target, Mapping):

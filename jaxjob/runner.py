@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import jax
 
-from jaxjob import checks, hosts
+from jaxjob import checks, faults, hosts
 from jaxjob.errors import CheckpointSaveError, Preempted
 from jaxjob.interval import SaveClock, SaveInterval
 from jaxjob.job import Job
@@ -222,6 +222,8 @@ class JobRunner:
         resume = self._resume_epoch()
         try:
             epoch, finished = self._start(session, resume)
+            if not finished:
+                self._check_stop_names(session)
             self._clock = SaveClock(epoch)
             preempted = False
             if not finished and self._watching:
@@ -271,8 +273,9 @@ class JobRunner:
             return 0, False
         if manager is None:
             raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
-        manager.init(self._nodes(), retrieve_from_epoch=resume)
+        # Checked before init takes the lock: a checkpoint of another job is refused untouched.
         targets = self._restore_targets(session, manager, resume)
+        manager.init(self._nodes(), retrieve_from_epoch=resume)
         session.workspace = manager.load(resume, targets=targets)
         manager.report_checkpoint_stats("checkpoint_load")
         if self.resume_from_epoch is not None or resume == 0:
@@ -283,8 +286,33 @@ class JobRunner:
             logger.info("The checkpoint of epoch %d meets a stop condition: finished", resume)
         return resume, bool(stopped)
 
+    def _check_stop_names(self, session: Session) -> None:
+        """Raises, before the first epoch, for a stop condition naming nothing the epoch can read.
+
+        The names are the workspace's and those the epoch group's jitted
+        program sets (traced abstractly, as its first run would). A host task
+        may set any name: with one in the epoch group, only the run can tell.
+        """
+        names = [c for c in self.job.stop_conditions if isinstance(c, str)]
+        missing = [n for n in names if n not in session.workspace]
+        steps = session.steps(self.job.epoch_group)
+        if not missing or not all(isinstance(step, _Program) for step in steps):
+            return
+        produced = set().union(*(step.set_names(session.workspace) for step in steps))
+        missing = [n for n in missing if n not in produced]
+        if missing:
+            raise KeyError(
+                f"stop conditions {missing} name no workspace leaf and no output of the epoch "
+                f"group; the workspace holds {sorted(session.workspace)} and the epoch group "
+                f"sets {sorted(produced)}: name one of those or pass a callable ws -> bool"
+            )
+
     def _restore_targets(self, session: Session, manager: Manager, epoch: int) -> dict[str, Any]:
-        """Traces the init group abstractly; host steps contribute the saved shapes."""
+        """Traces the init group abstractly; host steps contribute the saved shapes.
+
+        Raises:
+            ValueError: If the checkpoint holds other names than the init group sets.
+        """
         saved = manager.saved_shapes(epoch)
         abstract: dict[str, Any] = {}
         targets: dict[str, Any] = {}
@@ -315,6 +343,7 @@ class JobRunner:
         checks.warn_close_outputs(
             set(run) - set(session.workspace), session.workspace, self._warned
         )
+        faults.point("epoch")
         values, read = self.job.stop_values(run)
         boundary = self._agree_boundary(epoch, any(values), watch.requested)
         save_time_s = 0.0

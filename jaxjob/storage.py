@@ -27,8 +27,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxjob import checksum, codec, hostlocal, keypaths, orbax_adapter
+from jaxjob import checksum, codec, faults, hostlocal, keypaths, orbax_adapter
 from jaxjob import targets as targets_lib
+from jaxjob.errors import CorruptCheckpointError
 from jaxjob.manifest import MANIFEST_FILE, MANIFEST_ITEM, OUTPUTS, STATE, Manifest
 
 __all__ = ["OUTPUTS", "STATE", "composite_handler", "encode", "nbytes", "restore", "save_args"]
@@ -47,6 +48,36 @@ def codec_for(private: bool) -> codec.Codec:
     return codec.PrivateCodec() if private else codec.SharedCodec()
 
 
+class _FailPoint:
+    """A commit future whose wait passes the fail point ``name`` (:mod:`jaxjob.faults`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def result(self, timeout: float | None = None) -> None:
+        faults.point(self.name)
+
+
+class _Handler(ocp.CompositeCheckpointHandler):
+    """Orbax's composite handler with the save's fail points.
+
+    ``save.copy`` as the device-to-host copy starts; Orbax's background thread
+    waits on the returned futures in order, so the first one passes
+    ``save.write`` as it starts waiting for the write, the last one
+    ``save.commit`` once every write is done and before the commit.
+    """
+
+    async def async_save(self, directory: Any, args: Any) -> list[Any]:
+        faults.point("save.copy")
+        futures = await super().async_save(directory, args) or []
+        return [_FailPoint("save.write"), *futures, _FailPoint("save.commit")]
+
+
+@ocp.args.register_with_handler(_Handler, for_save=True, for_restore=True)
+class _HandlerArgs(ocp.args.Composite):
+    """Registers :class:`_Handler` with Orbax (it takes ``ocp.args.Composite`` like its base)."""
+
+
 def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandler:
     """The Orbax handler of checkpoint directories under ``path``, each item's handler registered.
 
@@ -54,7 +85,7 @@ def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandle
     """
     atomicity = orbax_adapter.commit_file_options(path)
     if not (private and jax.process_count() > 1):
-        return ocp.CompositeCheckpointHandler(
+        return _Handler(
             composite_options=ocp.CompositeOptions(atomicity_options=atomicity),
             **{
                 STATE: ocp.PyTreeCheckpointHandler(**PYTREE_OPTIONS),
@@ -71,7 +102,7 @@ def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandle
             type_handler_registry=registry,
         )
 
-    return ocp.CompositeCheckpointHandler(
+    return _Handler(
         composite_options=ocp.CompositeOptions(
             multiprocessing_options=options,
             atomicity_options=atomicity,
@@ -248,6 +279,11 @@ def _read(checkpointer, path: str, manifest: Manifest, item: str, restore_item: 
     try:
         return checkpointer.restore(path, args=ocp.args.Composite(**{item: args}))[item]
     except checksum.READ_ERRORS as err:
+        if isinstance(err, ValueError) and "stored shape" in str(err):  # Orbax's words
+            raise CorruptCheckpointError(
+                f"the manifest of {path!r} declares shapes that its stored arrays do not have "
+                f"(a damaged or hand-edited manifest; nothing was allocated): {err}"
+            ) from err
         lines = _damaged(path, manifest, item, restore_item)
         if not lines:
             raise

@@ -1,0 +1,163 @@
+"""The fault-injection kit (jaxjob.testing) on a real job: SIGKILL at every phase, then resume.
+
+The job is ``fault_job.py``, on one process and on two (``jaxjob launch -n 2``).
+One uninterrupted run per configuration is the reference. The default tier kills
+one job repeatedly (a chain: every fail point that this build of jaxjob passes,
+then 5 random moments), restarting it each time; the slow tier kills 20 fresh jobs
+per configuration at random moments. Each restart must resume from the newest
+committed epoch, every checkpoint written afterwards must equal the reference's,
+and the final workspace must be bitwise equal to the reference's.
+"""
+
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxjob
+from jaxjob import faults, testing
+
+JOB = str(Path(__file__).parent / "fault_job.py")
+SOURCE = Path(testing.__file__).parent
+EPOCHS = 10
+
+
+def instrumented(point):
+    """Whether this build of jaxjob passes the fail point ``point`` (in its source)."""
+    call = re.compile(rf"(faults\.point|_FailPoint)\(\s*[\"']{re.escape(point)}[\"']")
+    return any(call.search(f.read_text()) for f in SOURCE.rglob("*.py"))
+
+
+PHASES = [p for p in faults.POINTS if instrumented(p)]
+SAVE_PHASES = ("epoch", "save.copy", "save.write", "save.commit")
+ONCE_PER_RUN = ("lock.takeover",)  # a restart takes over the dead run's lock once
+
+
+def committed(prefix):
+    return jaxjob.CheckpointManager(str(prefix)).committed_epochs()
+
+
+def argv(base):
+    return [JOB, str(base / "ckpt"), str(base / "out"), str(EPOCHS)]
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """JAX's persistent compilation cache, shared by the runs: each restart compiles nothing."""
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-processes"])
+def reference(request, tmp_path_factory, compile_cache):
+    """An uninterrupted run per process count: (processes, its directory, its wall time)."""
+    base = tmp_path_factory.mktemp(f"reference{request.param}")
+    start = time.monotonic()
+    output = testing.run(argv(base), processes=request.param, env=compile_cache)
+    assert "finished at epoch 10" in output
+    return request.param, base, time.monotonic() - start
+
+
+def test_phases_in_this_build():
+    """The save's four phases and the epoch are instrumented; retention and the lock come later."""
+    assert {"epoch", "save.copy", "save.write", "save.commit"} <= set(PHASES)
+
+
+def test_every_phase_then_random_kills_resume_exactly(tmp_path, reference, compile_cache):
+    """Killed at every phase and 5 random moments, the job resumes each time and ends exactly."""
+    processes, ref, wall = reference
+    rng = random.Random(processes)
+    kills = [{"kill_at": f"{p}:{1 if p in ONCE_PER_RUN else 2}"} for p in PHASES]
+    kills += [{"delay_s": rng.uniform(0.1, 0.5) * wall} for _ in range(5)]
+    prefix, options = str(tmp_path / "ckpt"), {"processes": processes, "env": compile_cache}
+    done = [testing.run_killed(argv(tmp_path), prefix, **kill, **options) for kill in kills]
+    testing.run(argv(tmp_path), db_prefix=prefix, **options)
+    for phase, kill in zip(PHASES, done, strict=False):
+        assert kill.killed and kill.committed, phase
+        if phase in SAVE_PHASES:  # it died in its 2nd epoch or save: one more epoch committed
+            more = 0 if phase == "epoch" else 1  # (in the 2nd epoch, the 1st may still be writing)
+            assert more <= kill.committed[-1] - (kill.resumed_from or 0) <= 1, phase
+    compared = testing.assert_checkpoints_equal(ref / "ckpt", tmp_path / "ckpt")
+    assert compared[-1] == EPOCHS and compared == committed(tmp_path / "ckpt")
+    testing.assert_bitwise_equal(ref / "out", tmp_path / "out")
+
+
+def test_rerunning_a_finished_job_ends_exactly(tmp_path, reference, compile_cache, request):
+    """A job killed after its last commit, rerun, ends as it did: same values and shardings."""
+    processes, ref, _ = reference
+    if processes > 1:
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="open bug: resuming a finished 2-process job restores opt_state with the "
+                "init trace's sharding P() instead of P('d') that the epochs left",
+            )
+        )
+    shutil.copytree(ref / "ckpt", tmp_path / "ckpt")
+    testing.run(argv(tmp_path), db_prefix=tmp_path / "ckpt", processes=processes, env=compile_cache)
+    testing.assert_bitwise_equal(ref / "out", tmp_path / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(20))
+def test_random_kill_resumes_exactly(tmp_path, reference, compile_cache, seed):
+    """A SIGKILL at a random moment: the restarted job resumes and ends bitwise equal."""
+    processes, ref, wall = reference
+    delay = random.Random(seed).uniform(0.1, 0.9) * wall
+    kill = testing.kill_and_resume(
+        argv(tmp_path),
+        str(tmp_path / "ckpt"),
+        delay_s=delay,
+        processes=processes,
+        env=compile_cache,
+    )
+    if kill.committed:  # every epoch up to the newest intact (or kept by retention)
+        assert kill.committed == list(range(kill.committed[0], kill.committed[-1] + 1))
+    compared = testing.assert_checkpoints_equal(ref / "ckpt", tmp_path / "ckpt")
+    assert compared[-1] == EPOCHS and compared == committed(tmp_path / "ckpt")
+    testing.assert_bitwise_equal(ref / "out", tmp_path / "out")
+
+
+def test_kill_arguments_are_checked(tmp_path):
+    """A kill names a known fail point (or a delay), once; the message lists the points."""
+    with pytest.raises(ValueError, match=r"kill_at must be a fail point of \('epoch'.*got 'save'"):
+        testing.run_killed([JOB], str(tmp_path), kill_at="save")
+    with pytest.raises(ValueError, match=r"got 'epoch:0'"):
+        testing.run_killed([JOB], str(tmp_path), kill_at="epoch:0")
+    with pytest.raises(ValueError, match="give one of kill_at and delay_s"):
+        testing.run_killed([JOB], str(tmp_path), kill_at="epoch", delay_s=1.0)
+    with pytest.raises(ValueError, match="processes must be an int >= 1, got 0"):
+        testing.run([JOB], processes=0)
+
+
+def test_a_job_that_never_reaches_the_point_fails_the_check(tmp_path):
+    """A job that finishes without passing kill_at is reported, with its output."""
+    script = tmp_path / "plain.py"
+    script.write_text("print('no checkpoints here')\n")
+    with pytest.raises(AssertionError, match=r"finished without reaching 'save.write'(.|\n)*no ch"):
+        testing.run_killed([str(script)], str(tmp_path / "ckpt"), kill_at="save.write")
+
+
+def test_assert_bitwise_equal_names_the_first_difference(tmp_path):
+    """Values, dtypes and structure are compared; the error names the key path."""
+    ws = {"a": {"w": jnp.arange(4.0)}, "n": np.int64(3)}
+    testing.dump_workspace(ws, str(tmp_path))
+    testing.assert_bitwise_equal(tmp_path, ws)
+    with pytest.raises(AssertionError, match=r"differ at \['a'\]\['w'\] \(shard 0\)"):
+        testing.assert_bitwise_equal(
+            tmp_path, {"a": {"w": jnp.arange(4.0).at[3].set(-0.0)}, "n": np.int64(3)}
+        )
+    with pytest.raises(
+        AssertionError, match=r"types, dtypes or shardings differ.*float32.* vs .*int32"
+    ):
+        testing.assert_bitwise_equal(tmp_path, {"a": {"w": jnp.arange(4)}, "n": np.int64(3)})
+    with pytest.raises(AssertionError, match="tree structures differ"):
+        testing.assert_bitwise_equal(tmp_path, {"a": [jnp.arange(4.0)], "n": np.int64(3)})
