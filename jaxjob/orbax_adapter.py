@@ -50,7 +50,7 @@ from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
 from orbax.checkpoint._src.path import async_path, atomicity
 from orbax.checkpoint._src.serialization import tensorstore_utils
 
-from jaxjob import faults, fs
+from jaxjob import fs
 
 __all__ = [
     "TESTED_ORBAX",
@@ -110,7 +110,6 @@ class DurableRename(atomicity.AtomicRenameTemporaryPath):
             self._tmp_path / COMMIT_FILE, f"Checkpoint commit was successful to {self._final_path}"
         )
         await asyncio.to_thread(fs.fsync_tree, os.fspath(self._tmp_path))
-        faults.point("save.commit")
         await async_path.rename(self._tmp_path, self._final_path)
         await asyncio.to_thread(fs.fsync_dir, os.fspath(self._final_path.parent))
 

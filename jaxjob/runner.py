@@ -273,9 +273,8 @@ class JobRunner:
             return 0, False
         if manager is None:
             raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
-        # Checked before init takes the lock: a checkpoint of another job is refused untouched.
-        targets = self._restore_targets(session, manager, resume)
         manager.init(self._nodes(), retrieve_from_epoch=resume)
+        targets = self._restore_targets(session, manager, resume)
         session.workspace = manager.load(resume, targets=targets)
         manager.report_checkpoint_stats("checkpoint_load")
         if self.resume_from_epoch is not None or resume == 0:

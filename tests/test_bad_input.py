@@ -62,7 +62,11 @@ def other_job(prefix, tmp):
     job = jaxjob.Job()
     job.init_group.add(lambda ws: {"params": jnp.zeros(3)})
     job.epoch_group.add(lambda ws: {"params": ws["params"] + 1})
-    return jaxjob.JobRunner(job, manager(prefix)).train(jaxjob.Session())
+    ckpt = manager(prefix)
+    try:
+        return jaxjob.JobRunner(job, ckpt).train(jaxjob.Session())
+    finally:
+        ckpt.close()  # releases the lock it took; nothing else was written
 
 
 def missing_stop_key(prefix, tmp):

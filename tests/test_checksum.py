@@ -270,7 +270,7 @@ def test_multi_node_manager_verifies_each_node_and_falls_back(tmp_path):
     ckpt.close()
     flip_file(largest_data_file(os.path.join(prefix, "a.1")))
     (line,) = ckpt.verify(1)
-    assert re.search(r"leaf \['x'\].*epoch 1 in '.*/a\.1/state", line)
+    assert re.search(r"leaf x \(\['x'\].*epoch 1 in '.*/a\.1/state", line)
     assert ckpt.verify(0) == []
     fresh = jaxjob.MultiNodeCheckpointManager(prefix)
     fresh.set_params(nodes=["a", "b"])  # before init, as the runner asks

@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import pickle
+import re
 import shutil
 import sys
 
@@ -71,8 +72,8 @@ def test_no_module_of_jaxjob_unpickles_evaluates_or_imports_by_name():
                 if called in banned_calls or owner in banned_modules or pickles:
                     found.append(f"{name}:{node.lineno}: {owner}.{called}")
     # The package's lazy loader imports its own submodules, named by constants in its source.
-    lazy = ["__init__.py:75: importlib.import_module", "__init__.py:76: importlib.import_module"]
-    assert found == lazy
+    lazy = [f for f in found if re.fullmatch(r"__init__\.py:\d+: importlib\.import_module", f)]
+    assert len(lazy) == 2 and found == lazy
     assert all(m.startswith("jaxjob.") for m in jaxjob._EXPORTS.values())
 
 
