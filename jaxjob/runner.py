@@ -333,7 +333,32 @@ class JobRunner:
             epoch=epoch,
             where=manager.db_prefix,
         )
-        return {k: v for k, v in targets.items() if k in saved}
+        targets = {k: v for k, v in targets.items() if k in saved}
+        return self._epoch_shardings(session, epoch, abstract, targets)
+
+    def _epoch_shardings(
+        self, session: Session, epoch: int, abstract: dict[str, Any], targets: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The targets with the shardings the epochs leave (the epoch group traced abstractly).
+
+        After epoch ``k >= 1`` the state has the shardings of the epoch group's
+        outputs, which may differ from those init gave it. Tracing the epoch
+        group from init's (until the shardings stop changing) gives them without
+        running anything; the next epoch's compilation is the same one. What
+        host steps set keeps the shardings it has (they cannot be traced).
+        """
+        steps = [s for s in session.steps(self.job.epoch_group) if isinstance(s, _Program)]
+        if epoch == 0 or not steps:
+            return targets
+        for _ in range(3):  # a fixed point is reached after one epoch in practice
+            ws = {**abstract, **targets}
+            for step in steps:
+                ws.update(step.abstract(ws))
+            traced = {k: ws[k] for k in targets if k in ws}
+            if _shardings(traced) == _shardings({k: targets[k] for k in traced}):
+                break
+            targets = {**targets, **traced}
+        return targets
 
     def _run_epoch(self, epoch: int, session: Session, watch: SignalWatch) -> _Boundary:
         logger.debug("Starting epoch %d", epoch)
@@ -465,6 +490,10 @@ class JobRunner:
         for err in self.checkpoint_manager.finish_local():
             self.save_errors.append(err)
             logger.error("While handling an error, a pending save failed too: %s", err)
+
+
+def _shardings(tree: Any) -> list[Any]:
+    return [getattr(leaf, "sharding", None) for leaf in jax.tree.leaves(tree)]
 
 
 def _loaded_nodes(manager: Manager) -> set[str] | None:

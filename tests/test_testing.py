@@ -93,14 +93,6 @@ def test_every_phase_then_random_kills_resume_exactly(tmp_path, reference, compi
 def test_rerunning_a_finished_job_ends_exactly(tmp_path, reference, compile_cache, request):
     """A job killed after its last commit, rerun, ends as it did: same values and shardings."""
     processes, ref, _ = reference
-    if processes > 1:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="open bug: resuming a finished 2-process job restores opt_state with the "
-                "init trace's sharding P() instead of P('d') that the epochs left",
-            )
-        )
     shutil.copytree(ref / "ckpt", tmp_path / "ckpt")
     testing.run(argv(tmp_path), db_prefix=tmp_path / "ckpt", processes=processes, env=compile_cache)
     testing.assert_bitwise_equal(ref / "out", tmp_path / "out")
