@@ -43,6 +43,8 @@ def epoch_times(data, num_epochs, options):
         ckpt = jaxjob.CheckpointManager(d) if options is not None else None
         jaxjob.JobRunner(job, ckpt, **(options or {})).train(jaxjob.Session())
         saved = ckpt.committed_epochs() if ckpt else []
+        if ckpt is not None:
+            ckpt.close()  # releases the directory's lock before the directory goes
     return [b - a for a, b in zip(stamps[1:], stamps[2:], strict=False)], saved
 
 

@@ -255,6 +255,10 @@ class WriterLock:
         while not self._stop.wait(self.lease_s / 4):
             try:
                 self._record.change(self._renewed)
+            except FileNotFoundError as err:  # the lock, or its directory, was deleted
+                self.lost = f"{self.path} vanished ({err}); was the directory deleted?"
+                logger.error("Lost the lock %s: %s", self.path, self.lost)
+                return
             except OSError as err:  # retried at the next renewal, within the lease
                 logger.error("Could not renew the lock %s: %s", self.path, err)
             except CheckpointInUseError as err:

@@ -92,6 +92,22 @@ def test_the_holder_renews_its_lease_in_the_background(tmp_path):
     assert not (tmp_path / "local.lock").exists()
 
 
+def test_a_deleted_directory_loses_the_lock_once_and_stops_renewing(tmp_path):
+    """A held lock whose directory is deleted is marked lost once; renewal stops retrying."""
+    directory = tmp_path / "run"
+    directory.mkdir()
+    held = lock.WriterLock(str(directory), "local", lease_s=0.2)
+    held.take()
+    fs.rmtree(str(directory))
+    deadline = time.monotonic() + 10
+    while held.lost is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert held.lost is not None and "vanished" in held.lost and "local.lock" in held.lost
+    held._thread.join(2)
+    assert not held._thread.is_alive()
+    held.release()
+
+
 def _child(ckpt, *extra, env=None):
     return subprocess.Popen(
         [sys.executable, SCRIPT, str(ckpt), os.devnull, *extra],
