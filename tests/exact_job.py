@@ -14,6 +14,7 @@ print ``DOWNLOAD RAN`` and ``EXIT RAN``.
 import argparse
 import os
 import signal
+import subprocess
 import sys
 
 import jax
@@ -111,6 +112,27 @@ def dump(ws, path):
             leaf = jax.random.key_data(leaf)
         arrays[f"leaf{i}"] = np.asarray(leaf).reshape(-1).view(np.uint8)
     np.savez(path, treedef=str(treedef), kinds=np.array(kinds), **arrays)
+
+
+def assert_same_workspace(a, b):
+    """The workspaces ``dump`` wrote to ``a`` and ``b`` are bitwise equal (types, shardings)."""
+    with np.load(a) as x, np.load(b) as y:
+        assert str(x["treedef"]) == str(y["treedef"])
+        assert list(x["kinds"]) == list(y["kinds"])
+        for name in x.files:
+            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
+
+
+def run(ckpt, out, *extra, expect=0):
+    """Runs this script in a child process and checks its exit status."""
+    proc = subprocess.run(
+        [sys.executable, __file__, str(ckpt), str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == expect, proc.stderr[-2000:]
+    return proc
 
 
 def main(argv):

@@ -198,14 +198,6 @@ def reference(tmp_path_factory):
     return base
 
 
-def _assert_same_workspace(a, b):
-    with np.load(a) as x, np.load(b) as y:
-        assert str(x["treedef"]) == str(y["treedef"])
-        assert list(x["kinds"]) == list(y["kinds"])
-        for name in x.files:
-            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
-
-
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
 def test_auto_resume_falls_back_to_the_newest_intact_epoch_exactly(
     reference, tmp_path, caplog, kind
@@ -225,7 +217,7 @@ def test_auto_resume_falls_back_to_the_newest_intact_epoch_exactly(
     loads = [h for h in handler.history if h["action"] == "checkpoint_load"]
     assert [s["epoch"] for h in loads for s in h["stats"].values()] == [last - 1]
     exact_job.dump(workspace, tmp_path / "out.npz")
-    _assert_same_workspace(reference / "out.npz", tmp_path / "out.npz")
+    exact_job.assert_same_workspace(reference / "out.npz", tmp_path / "out.npz")
     assert jaxjob.CheckpointManager(prefix).verify(last) == []
 
 
@@ -243,7 +235,7 @@ def test_a_restarted_child_process_falls_back_exactly(reference, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"finished at epoch {exact_job.EPOCHS}" in proc.stdout
     assert f"The checkpoint of epoch {exact_job.EPOCHS} is damaged" in proc.stderr
-    _assert_same_workspace(reference / "out.npz", tmp_path / "out.npz")
+    exact_job.assert_same_workspace(reference / "out.npz", tmp_path / "out.npz")
 
 
 def test_every_epoch_damaged_refuses_to_resume(saved, tmp_path):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import exact_job
 import numpy as np
 import pytest
 
@@ -28,14 +29,6 @@ def _run(ckpt, out, *extra, expect_kill=False):
     return proc
 
 
-def _assert_same_workspace(a, b):
-    with np.load(a) as x, np.load(b) as y:
-        assert str(x["treedef"]) == str(y["treedef"])
-        assert list(x["kinds"]) == list(y["kinds"])
-        for name in x.files:
-            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     base = tmp_path_factory.mktemp("reference")
@@ -56,7 +49,7 @@ def test_sigkill_then_restart_is_bitwise_exact(tmp_path, reference, how):
     assert committed == list(range(len(committed)))  # every earlier epoch intact
     proc = _run(tmp_path / "ckpt", tmp_path / "out.npz")
     assert "finished at epoch 6" in proc.stdout
-    _assert_same_workspace(reference, tmp_path / "out.npz")
+    exact_job.assert_same_workspace(reference, tmp_path / "out.npz")
 
 
 def test_external_sigkill_at_a_random_moment(tmp_path, reference):
@@ -74,4 +67,4 @@ def test_external_sigkill_at_a_random_moment(tmp_path, reference):
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     _run(ckpt, tmp_path / "out.npz")
-    _assert_same_workspace(reference, tmp_path / "out.npz")
+    exact_job.assert_same_workspace(reference, tmp_path / "out.npz")

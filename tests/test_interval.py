@@ -1,17 +1,13 @@
 """Save interval: which epochs JobRunner saves, and exact resume when epochs were skipped."""
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
+import exact_job
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxjob
-
-SCRIPT = Path(__file__).parent / "exact_job.py"
 
 
 def _job(epochs, *, sleep_s=0.0, stop_at=None):
@@ -101,34 +97,17 @@ def test_bad_interval_names_argument_value_and_expectation(options, message):
         jaxjob.JobRunner(_job(1), **options)
 
 
-def _run(ckpt, out, *extra, expect=0):
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(ckpt), str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == expect, proc.stderr[-2000:]
-    return proc
-
-
-def _assert_same_workspace(a, b):
-    with np.load(a) as x, np.load(b) as y:
-        assert str(x["treedef"]) == str(y["treedef"])
-        assert list(x["kinds"]) == list(y["kinds"])
-        for name in x.files:
-            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
-
-
 def test_sigkill_with_skipped_epochs_then_restart_is_bitwise_exact(tmp_path):
     """Saving every 4th epoch, a SIGKILL in epoch 6 leaves epochs 0 and 4 (or 0, if 4's async
     write was still in flight): the restart runs the epochs after the newest committed one
     again and ends bitwise equal to an uninterrupted run."""
-    _run(tmp_path / "ref", tmp_path / "ref.npz")
+    exact_job.run(tmp_path / "ref", tmp_path / "ref.npz")
     interval = ("--save-every-epochs", "4")
-    _run(tmp_path / "ckpt", tmp_path / "dead.npz", "--die-in-epoch", "6", *interval, expect=-9)
+    exact_job.run(
+        tmp_path / "ckpt", tmp_path / "dead.npz", "--die-in-epoch", "6", *interval, expect=-9
+    )
     assert jaxjob.CheckpointManager(str(tmp_path / "ckpt")).committed_epochs() in ([0], [0, 4])
-    proc = _run(tmp_path / "ckpt", tmp_path / "out.npz", *interval)
+    proc = exact_job.run(tmp_path / "ckpt", tmp_path / "out.npz", *interval)
     assert "finished at epoch 6" in proc.stdout
     assert jaxjob.CheckpointManager(str(tmp_path / "ckpt")).committed_epochs() == [0, 4, 6]
-    _assert_same_workspace(tmp_path / "ref.npz", tmp_path / "out.npz")
+    exact_job.assert_same_workspace(tmp_path / "ref.npz", tmp_path / "out.npz")

@@ -2,38 +2,14 @@
 
 import os
 import signal
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
+import exact_job
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from test_multiprocess_faults import committed, launch, lines
 
 import jaxjob
-
-SCRIPT = Path(__file__).parent / "exact_job.py"
-
-
-def _run(ckpt, out, *extra, expect=0):
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(ckpt), str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == expect, proc.stderr[-2000:]
-    return proc
-
-
-def _assert_same_workspace(a, b):
-    with np.load(a) as x, np.load(b) as y:
-        assert str(x["treedef"]) == str(y["treedef"])
-        assert list(x["kinds"]) == list(y["kinds"])
-        for name in x.files:
-            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
 
 
 def _epochs(ckpt):
@@ -44,10 +20,10 @@ def test_sigterm_saves_the_running_epoch_and_the_restart_is_bitwise_exact(tmp_pa
     """SIGTERM in epoch 2 (saves every 4th epoch): epoch 2 is saved and committed, a second
     SIGTERM during that save is ignored, download and exit do not run, Preempted(2) propagates
     (exit status 1); the restart resumes after 2 and ends bitwise equal to an uninterrupted run."""
-    _run(tmp_path / "ref", tmp_path / "ref.npz")
+    exact_job.run(tmp_path / "ref", tmp_path / "ref.npz")
     interval = ("--save-every-epochs", "4")
     ckpt = tmp_path / "ckpt"
-    proc = _run(
+    proc = exact_job.run(
         ckpt, tmp_path / "x.npz", "--term-in-epoch", "2", "--term-again", *interval, expect=1
     )
     assert "PREEMPTED 2" in proc.stdout
@@ -59,17 +35,17 @@ def test_sigterm_saves_the_running_epoch_and_the_restart_is_bitwise_exact(tmp_pa
         "run the job again to resume after it"
     )
     assert _epochs(ckpt) == [0, 2]
-    proc = _run(ckpt, tmp_path / "out.npz", *interval)
+    proc = exact_job.run(ckpt, tmp_path / "out.npz", *interval)
     assert proc.stdout.splitlines() == ["DOWNLOAD RAN", "EXIT RAN", "finished at epoch 6"]
     assert _epochs(ckpt) == [0, 2, 6]
-    _assert_same_workspace(tmp_path / "ref.npz", tmp_path / "out.npz")
+    exact_job.assert_same_workspace(tmp_path / "ref.npz", tmp_path / "out.npz")
 
 
 def test_empty_preemption_signals_leave_sigterm_fatal(tmp_path):
     """With preemption_signals=() a SIGTERM in epoch 2 kills the process: epoch 2 is not saved."""
     ckpt = tmp_path / "ckpt"
     args = ("--term-in-epoch", "2", "--no-preemption")
-    proc = _run(ckpt, tmp_path / "x.npz", *args, expect=-signal.SIGTERM)
+    proc = exact_job.run(ckpt, tmp_path / "x.npz", *args, expect=-signal.SIGTERM)
     assert "PREEMPTED" not in proc.stdout
     assert _epochs(ckpt) in ([0], [0, 1])
 
