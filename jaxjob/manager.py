@@ -144,8 +144,15 @@ class Manager(Protocol):
     ) -> bool:
         """Loads named leaves into ``session.workspace``; False if a checkpoint is missing."""
 
-    def save(self, epoch: int, workspace: Mapping[str, Any], *, outputs: Any = None) -> None:
-        """Starts saving ``workspace`` as checkpoint ``epoch``."""
+    def save(
+        self,
+        epoch: int,
+        workspace: Mapping[str, Any],
+        *,
+        outputs: Any = None,
+        accessible: bool = True,
+    ) -> None:
+        """Starts saving ``workspace`` as checkpoint ``epoch`` (``accessible=False`` fails it)."""
 
     def write_checkpoint_metadata(self, epoch: int) -> None:
         """Tells the metadata handler that ``epoch`` is saved, once committed."""
@@ -202,6 +209,7 @@ class ManagerCore:
         self._path_type: str | None = None
         self._metadata_due: int | None = None
         self._nodes: list[str] = []
+        self._agreed_stats: list[dict[str, Any]] | None = None  # the last save's, from its posts
 
     @property
     def db_prefix(self) -> str:
@@ -353,11 +361,19 @@ class ManagerCore:
     def report_checkpoint_stats(self, action_name: str) -> None:
         """Sends every process's stats of the last action to the metadata handler.
 
-        Call it on every process; see :func:`jaxjob.boundary.gather_stats` for the entries.
+        Call it on every process; see :func:`jaxjob.boundary.merge_stats` for
+        the entries. A save's stats came with its agreement (each process's
+        ``bytes``, and as ``duration_s`` its time in ``save`` until it posted:
+        preparing its part, before waiting on the others), so reporting them
+        waits on no other process; a load's are exchanged here.
         """
         stats: dict[str, Any] = {}
         self.collect_checkpoint_stats(stats)
-        stats = boundary.gather_stats(stats, self.timeout_s, exchange=self._exchange_stats)
+        agreed, self._agreed_stats = self._agreed_stats, None
+        if agreed is not None:
+            stats = boundary.merge_stats(agreed, stats)
+        else:
+            stats = boundary.gather_stats(stats, self.timeout_s, exchange=self._exchange_stats)
         self._metadata_handler.report(action_name, stats)
 
     def wait_until_finished(self) -> None:

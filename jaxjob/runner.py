@@ -443,14 +443,9 @@ class JobRunner:
         if manager is None:
             raise ValueError("save_checkpoints needs a checkpoint_manager")
         try:
-            what = f"the checkpoint access check of epoch {epoch}"
-            denied = self._any_process(what, not manager.cp_accessible(epoch=None))
-            if denied:
-                raise PermissionError(
-                    f"the checkpoint directory cannot be written on processes {denied}"
-                )
+            accessible = manager.cp_accessible(epoch=None)  # agreed on in the save's exchange
             try:
-                manager.save(epoch, session.workspace, outputs=outputs)
+                manager.save(epoch, session.workspace, outputs=outputs, accessible=accessible)
             except CheckpointSaveError as err:
                 if err.epoch == epoch:
                     raise
