@@ -310,10 +310,10 @@ class MultiNodeCheckpointManager(ManagerCore):
         one node's cannot start on some process, no node's starts.
 
         Raises:
-            CheckpointSaveError: If this epoch's save cannot start, or (after
+            CheckpointSaveError: If this epoch's save cannot start (also for
+                an unwritable prefix or ``accessible=False`` here), or (after
                 this epoch's saves have started) the first failure of a
                 previous async save.
-            PermissionError: If ``accessible`` is False here.
         """
         check_epoch(epoch)
         for name in [*workspace, *(outputs or {})]:  # before any node's save is prepared
@@ -362,7 +362,10 @@ class MultiNodeCheckpointManager(ManagerCore):
         for name, manager in self.node_managers:
             if name in plans:
                 node_posts = [post[name] for post in posts if name in post]
-                problems.append(manager.agree_save(plans[name], node_posts))
+                problem = manager.agree_save(plans[name], node_posts)
+                if isinstance(problem, OSError):  # this process's: its prefix is not writable
+                    problem = _save_error(plans[name], problem)
+                problems.append(problem)
             elif name in self._node_processes:  # another process's own node
                 owner = self._node_processes[name]
                 previous, problem = _outcome_elsewhere(posts[owner][name], owner)
@@ -444,6 +447,12 @@ def _stats_posts(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         for p, post in enumerate(posts)
     ]
+
+
+def _save_error(plan: SavePlan, err: OSError) -> CheckpointSaveError:
+    failure = CheckpointSaveError(plan.epoch, plan.path, err)
+    failure.__cause__ = err
+    return failure
 
 
 def _outcome_elsewhere(post: dict[str, Any], owner: int):

@@ -432,6 +432,8 @@ class JobRunner:
         A failure follows ``on_save_error``. A failure of the previous
         epoch's background write surfaces here too. In a multi-process job,
         call it on every process: a failure on any process is seen by all.
+        The metadata handler's ``cp_accessible()``, the save and its stats
+        report take one exchange with the other processes in all (the save's).
 
         Raises:
             ValueError: If the runner has no checkpoint manager.
