@@ -359,12 +359,7 @@ class CheckpointManager(ManagerCore):
         return Workspace(items)
 
     def save(
-        self,
-        epoch: int,
-        workspace: Mapping[str, Any],
-        *,
-        outputs: Mapping[str, Any] | None = None,
-        accessible: bool = True,
+        self, epoch: int, workspace: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None
     ) -> None:
         """Starts saving ``workspace`` as this node's checkpoint of ``epoch``.
 
@@ -374,27 +369,28 @@ class CheckpointManager(ManagerCore):
         one is committed (on object stores, which cannot rename, the old one
         is deleted first). In a multi-process job, call it on every process:
         the processes agree in one exchange whether it can start (and share
-        its stats, see :meth:`report_checkpoint_stats`).
+        its stats, see :meth:`report_checkpoint_stats`). If the last
+        :meth:`cp_accessible` (without epoch) said False here, it fails on
+        every process, writing nothing.
 
         Args:
             epoch: The epoch, >= 0.
             workspace: The persistent leaves to save.
             outputs: Epoch outputs the stop conditions read, saved alongside.
-            accessible: False (the metadata handler's ``cp_accessible()`` on
-                this process) fails this save on every process, writing nothing.
 
         Raises:
             TypeError: If ``epoch`` is not an int.
             ValueError: If ``epoch`` is negative.
             OSError: If ``db_prefix`` is not a writable directory here.
-            PermissionError: If ``accessible`` is False here.
+            PermissionError: If :meth:`cp_accessible` said False here.
             CheckpointSaveError: If this save cannot start on another
                 process, or the previous async save failed on some process
                 (raised after this epoch's save has started).
             CheckpointInUseError: If another live process writes this node here.
             HostTimeoutError: If another process does not arrive in time.
         """
-        plan = self.prepare_save(epoch, workspace, outputs=outputs, accessible=accessible)
+        access = self._take_access()
+        plan = self.prepare_save(epoch, workspace, outputs=outputs, accessible=access)
         if self._private:
             posts = [plan.post]
         else:
@@ -422,12 +418,14 @@ class CheckpointManager(ManagerCore):
     ) -> SavePlan:
         """This process's part of :meth:`save` before the processes agree; waits on no other.
 
-        Completes this process's save in flight, builds the manifest, encodes
-        the leaves and moves a committed checkpoint of ``epoch`` aside. A
-        problem is not raised but posted: ``plan.post`` is what this process
-        tells the others. :meth:`save` is this, one exchange of the posts,
-        :meth:`agree_save` and :meth:`start_save`; a multi-node manager makes
-        one exchange for all its nodes.
+        ``accessible=False`` (the metadata handler's answer) makes it post a
+        PermissionError and touch nothing. Otherwise it completes this
+        process's save in flight, builds the manifest, encodes the leaves and
+        moves a committed checkpoint of ``epoch`` aside. A problem is not
+        raised but posted: ``plan.post`` is what this process tells the
+        others. :meth:`save` is this, one exchange of the posts,
+        :meth:`agree_save` and :meth:`start_save`; a multi-node manager
+        makes one exchange for all its nodes.
 
         Raises:
             TypeError, ValueError: For a bad ``epoch`` or leaf name (on every process alike).

@@ -144,15 +144,8 @@ class Manager(Protocol):
     ) -> bool:
         """Loads named leaves into ``session.workspace``; False if a checkpoint is missing."""
 
-    def save(
-        self,
-        epoch: int,
-        workspace: Mapping[str, Any],
-        *,
-        outputs: Any = None,
-        accessible: bool = True,
-    ) -> None:
-        """Starts saving ``workspace`` as checkpoint ``epoch`` (``accessible=False`` fails it)."""
+    def save(self, epoch: int, workspace: Mapping[str, Any], *, outputs: Any = None) -> None:
+        """Starts saving ``workspace`` as checkpoint ``epoch``."""
 
     def write_checkpoint_metadata(self, epoch: int) -> None:
         """Tells the metadata handler that ``epoch`` is saved, once committed."""
@@ -161,7 +154,7 @@ class Manager(Protocol):
         """Reports the last action's stats to the metadata handler."""
 
     def cp_accessible(self, epoch: int | None = None) -> bool:
-        """Whether checkpoints (of ``epoch``) are accessible."""
+        """Whether checkpoints (of ``epoch``; without it: for the next save) are accessible."""
 
     def wait_until_finished(self) -> None:
         """Blocks until every save in flight is committed (every process)."""
@@ -210,6 +203,7 @@ class ManagerCore:
         self._metadata_due: int | None = None
         self._nodes: list[str] = []
         self._agreed_stats: list[dict[str, Any]] | None = None  # the last save's, from its posts
+        self._accessible = True  # the metadata handler's answer for the next save
 
     @property
     def db_prefix(self) -> str:
@@ -338,8 +332,21 @@ class ManagerCore:
         )
 
     def cp_accessible(self, epoch: int | None = None) -> bool:
-        """Asks the metadata handler whether checkpoints (of ``epoch``) are accessible."""
-        return self._metadata_handler.cp_accessible(epoch)
+        """Asks the metadata handler whether checkpoints (of ``epoch``) are accessible.
+
+        Without ``epoch`` (the runner asks before each save), the answer is
+        also this process's word on the next :meth:`save`, posted in its
+        agreement: False there fails that save on every process, writing nothing.
+        """
+        accessible = self._metadata_handler.cp_accessible(epoch)
+        if epoch is None:
+            self._accessible = bool(accessible)
+        return accessible
+
+    def _take_access(self) -> bool:
+        """The last ``cp_accessible()`` answer, for this save only (then True again)."""
+        accessible, self._accessible = self._accessible, True
+        return accessible
 
     def write_checkpoint_metadata(self, epoch: int) -> None:
         """Tells the metadata handler that ``epoch`` is saved, once it is committed."""

@@ -296,12 +296,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         return owner if owner in nodes else nodes[0]
 
     def save(
-        self,
-        epoch: int,
-        workspace: Mapping[str, Any],
-        *,
-        outputs: Mapping[str, Any] | None = None,
-        accessible: bool = True,
+        self, epoch: int, workspace: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None
     ) -> None:
         """Starts saving each node's leaves of ``workspace`` into its own checkpoint.
 
@@ -311,7 +306,7 @@ class MultiNodeCheckpointManager(ManagerCore):
 
         Raises:
             CheckpointSaveError: If this epoch's save cannot start (also for
-                an unwritable prefix or ``accessible=False`` here), or (after
+                an unwritable prefix, or :meth:`cp_accessible` False, here), or (after
                 this epoch's saves have started) the first failure of a
                 previous async save.
         """
@@ -319,7 +314,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         for name in [*workspace, *(outputs or {})]:  # before any node's save is prepared
             manifest.check_name(name)
         due, self._metadata_due = self._metadata_due, None
-        plans = self._prepare(epoch, workspace, outputs, accessible)
+        plans = self._prepare(epoch, workspace, outputs, self._take_access())
         posts = hosts.exchange(
             f"the save of epoch {epoch} of nodes {self.node_names()}",
             {name: plan.post for name, plan in plans.items()},

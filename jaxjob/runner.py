@@ -445,9 +445,9 @@ class JobRunner:
         if manager is None:
             raise ValueError("save_checkpoints needs a checkpoint_manager")
         try:
-            accessible = manager.cp_accessible(epoch=None)  # agreed on in the save's exchange
+            manager.cp_accessible(epoch=None)  # the manager posts the answer with the save
             try:
-                manager.save(epoch, session.workspace, outputs=outputs, accessible=accessible)
+                manager.save(epoch, session.workspace, outputs=outputs)
             except CheckpointSaveError as err:
                 if err.epoch == epoch:
                     raise
