@@ -339,6 +339,7 @@ class CheckpointManager(ManagerCore):
         Returns:
             False, loading nothing, if the checkpoint of ``epoch`` is missing.
         """
+        self._agreed_stats = None  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             return False
         loaded = self.load_blobs_from_checkpoint(blob_names, epoch)

@@ -257,6 +257,7 @@ class MultiNodeCheckpointManager(ManagerCore):
             KeyError: If no node's checkpoint holds a requested name.
         """
         self._make_managers(nodes)
+        self._agreed_stats = None  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             missing = [n for n, m in self.node_managers if not m.check_db_exists(epoch)]
             logger.info("Checkpoints of nodes %s at epoch %d do not exist", missing, epoch)
