@@ -38,7 +38,7 @@ FULL = {
     "loop": ["--epochs", "12", "--rounds", "3"],
     "overlap": ["--mib", "1024", "--rounds", "5"],
     "digits": ["--epochs", "20", "--rounds", "1"],
-    "digits_mp": ["--epochs", "20", "--exchanges", "100"],
+    "digits_mp": ["--epochs", "10", "--exchanges", "100", "--rounds", "2"],
     "cloud": ["--mib", "16", "--repeats", "3"],
 }
 QUICK = {

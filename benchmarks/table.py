@@ -213,6 +213,24 @@ def build_rows(results):
             _med(mp, "plain"),
         )
     )
+    rows.append(
+        _row(
+            "exchanges per epoch, 2 processes: with a save",
+            _med(mp, "exchanges_saved"),
+            "without a save",
+            _med(mp, "exchanges_plain"),
+            2.0,  # one exchange more than the epoch without a save, which makes one
+            "n",
+        )
+    )
+    rows.append(
+        _row(
+            "time in exchanges per epoch, 2 processes: with a save",
+            _med(mp, "exchange_s_saved"),
+            "without a save",
+            _med(mp, "exchange_s_plain"),
+        )
+    )
     for n, ex in results.get("exchange", {}).items():
         rows.append(
             _row(
@@ -244,6 +262,8 @@ def _fmt(value, unit):
         return f"{value / 2**20:.1f} MiB"
     if unit == "x":
         return f"{value:.2f}x"
+    if unit == "n":
+        return f"{value:g}"
     if unit == "ms":
         return f"{value:.2f} ms"
     return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"

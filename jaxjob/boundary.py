@@ -8,7 +8,7 @@ import jax
 
 from jaxjob import hosts
 
-__all__ = ["failures", "gather_stats", "mismatch"]
+__all__ = ["failures", "gather_stats", "merge_stats", "mismatch"]
 
 
 def failures(posts: list[dict[str, Any]], key: str) -> tuple[list[int], str]:
@@ -63,18 +63,33 @@ def _replicated_mismatch(posts: list[dict[str, Any]]) -> str | None:
 def gather_stats(
     stats: dict[str, Any], timeout_s: float, *, exchange: bool = True
 ) -> dict[str, Any]:
-    """Every process's stats of the last action, per checkpoint directory.
+    """Every process's stats of the last action, per checkpoint directory (see :func:`merge_stats`).
 
-    Each entry gets ``hosts`` (each process's ``duration_s``, ``bytes`` and
-    ``error``), ``slowest_process`` (the one that dominated), the longest
-    ``duration_s``, the total ``bytes`` and every process's errors. A
-    directory a process did not touch has no entry of that process. With
-    ``exchange=False`` only this process's stats are used.
+    With ``exchange=False`` only this process's stats are used.
     """
     mine = {"stats": stats, "process": jax.process_index()}
     posts = (
         hosts.exchange("the checkpoint stats", mine, timeout_s=timeout_s) if exchange else [mine]
     )
+    return merge_stats(posts, stats)
+
+
+def merge_stats(posts: list[dict[str, Any]], stats: dict[str, Any]) -> dict[str, Any]:
+    """Merges the processes' stats posts (``{"process": p, "stats": {db: {...}}}``) per directory.
+
+    Each entry gets ``hosts`` (each process's ``duration_s``, ``bytes`` and
+    ``error``), ``slowest_process`` (the one that dominated), the longest
+    ``duration_s``, the total ``bytes`` and every process's errors; its other
+    fields come from this process's ``stats``. A directory a process did not
+    touch has no entry of that process.
+
+    Example:
+        >>> posts = [{"process": 0, "stats": {"a.1": {"duration_s": 1.0, "bytes": 4}}},
+        ...          {"process": 1, "stats": {"a.1": {"duration_s": 2.0, "bytes": 4}}}]
+        >>> merged = merge_stats(posts, {})["a.1"]
+        >>> merged["duration_s"], merged["bytes"], merged["slowest_process"], merged["error"]
+        (2.0, 8, 1, None)
+    """
     merged: dict[str, Any] = {}
     for db in sorted({db for post in posts for db in post["stats"]}):
         per = [

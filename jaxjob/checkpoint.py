@@ -39,6 +39,29 @@ class _Pending:
     superseded: str | None = None
 
 
+@dataclasses.dataclass
+class SavePlan:
+    """One process's part of one node's save, prepared before the processes agree to start it.
+
+    ``post`` (JSON) is what this process tells the others: how its previous
+    save ended, this save's problem, its host-local leaves' kinds and
+    replicated leaves' digests (which must match everywhere) and this save's
+    stats. ``timeout_s`` is how long to wait for the others' posts.
+    """
+
+    epoch: int
+    path: str
+    pending: _Pending
+    timeout_s: float
+    previous: CheckpointSaveError | None = None
+    problem: Exception | None = None
+    found: manifest.Manifest | None = None
+    encoded: Any = None
+    digests: dict[str, str] = dataclasses.field(default_factory=dict)
+    bytes: int | None = None
+    post: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
 def _prepare_prefix(db_prefix: str) -> None:
     """Creates ``db_prefix``, raising the OSError's own type with an actionable message."""
     try:
@@ -316,6 +339,7 @@ class CheckpointManager(ManagerCore):
         Returns:
             False, loading nothing, if the checkpoint of ``epoch`` is missing.
         """
+        self._agreed_stats = None  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             return False
         loaded = self.load_blobs_from_checkpoint(blob_names, epoch)
@@ -323,7 +347,7 @@ class CheckpointManager(ManagerCore):
         return True
 
     def _timed_load(self, path, found, names, *, targets=None) -> Workspace:
-        self._current_db_name = path
+        self._current_db_name, self._agreed_stats = path, None
         start = time.perf_counter()
         logger.info("Loading %s from %s", names, path)
         items = self._restore(path, found, names, targets=targets)
@@ -335,14 +359,20 @@ class CheckpointManager(ManagerCore):
         }
         return Workspace(items)
 
-    def save(self, epoch: int, workspace: Mapping[str, Any], *, outputs=None) -> None:
+    def save(
+        self, epoch: int, workspace: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None
+    ) -> None:
         """Starts saving ``workspace`` as this node's checkpoint of ``epoch``.
 
         Returns once the device-to-host copy is done (async) or the
         checkpoint is committed and on stable storage (``async_save=False``).
         Saving an epoch that is already committed replaces it once the new
         one is committed (on object stores, which cannot rename, the old one
-        is deleted first). In a multi-process job, call it on every process.
+        is deleted first). In a multi-process job, call it on every process:
+        the processes agree in one exchange whether it can start (and share
+        its stats, see :meth:`report_checkpoint_stats`). If the last
+        :meth:`cp_accessible` (without epoch) said False here, it fails on
+        every process, writing nothing.
 
         Args:
             epoch: The epoch, >= 0.
@@ -353,84 +383,180 @@ class CheckpointManager(ManagerCore):
             TypeError: If ``epoch`` is not an int.
             ValueError: If ``epoch`` is negative.
             OSError: If ``db_prefix`` is not a writable directory here.
+            PermissionError: If :meth:`cp_accessible` said False here.
             CheckpointSaveError: If this save cannot start on another
                 process, or the previous async save failed on some process
                 (raised after this epoch's save has started).
             CheckpointInUseError: If another live process writes this node here.
             HostTimeoutError: If another process does not arrive in time.
         """
+        access = self._take_access()
+        plan = self.prepare_save(epoch, workspace, outputs=outputs, accessible=access)
+        if self._private:
+            posts = [plan.post]
+        else:
+            posts = hosts.exchange(self._what(plan.epoch), plan.post, timeout_s=plan.timeout_s)
+        problem = self.agree_save(plan, posts)
+        me = [jax.process_index()] if self._private else range(len(posts))
+        self._agreed_stats = None
+        if problem is None:  # every process reached the same conclusion
+            pairs = zip(me, posts, strict=True)
+            self._agreed_stats = [{"process": p, "stats": post["stats"]} for p, post in pairs]
+        self.start_save(plan)
+
+    def _what(self, epoch: int | None) -> str:
+        if epoch is None:
+            return f"the end of the saves of node {self._node_name!r}"
+        return f"the save of epoch {epoch} of node {self._node_name!r}"
+
+    def prepare_save(
+        self,
+        epoch: int,
+        workspace: Mapping[str, Any],
+        *,
+        outputs: Mapping[str, Any] | None = None,
+        accessible: bool = True,
+    ) -> SavePlan:
+        """This process's part of :meth:`save` before the processes agree; waits on no other.
+
+        ``accessible=False`` (the metadata handler's answer) makes it post a
+        PermissionError and touch nothing. Otherwise it completes this
+        process's save in flight, builds the manifest, encodes the leaves and
+        moves a committed checkpoint of ``epoch`` aside. A problem is not
+        raised but posted: ``plan.post`` is what this process tells the
+        others. :meth:`save` is this, one exchange of the posts,
+        :meth:`agree_save` and :meth:`start_save`; a multi-node manager
+        makes one exchange for all its nodes.
+
+        Raises:
+            TypeError, ValueError: For a bad ``epoch`` or leaf name (on every process alike).
+            CheckpointInUseError: If another live process writes this node here.
+        """
         epoch = check_epoch(epoch)
         for name in [*workspace, *(outputs or {})]:  # before the lock: nothing is written
             manifest.check_name(name)
         self._check_writer()
+        path = db_name(epoch, self._node_name, self._db_prefix)
+        if not accessible:  # the metadata handler's verdict: touch nothing, finish nothing
+            denied = PermissionError(
+                f"the metadata handler reports the checkpoints under {self._db_prefix!r} as "
+                "not accessible (cp_accessible() is False); nothing was written"
+            )
+            pending = _Pending(epoch, path, time.perf_counter())
+            return self._plan(SavePlan(epoch, path, pending, self.timeout_s, problem=denied))
         unwritable = self._take_lock()
         started = self._pending.started if self._pending else None
         previous = self._finish_pending()
-        path = db_name(epoch, self._node_name, self._db_prefix)
-        found, encoded, problem, digests, superseded = None, None, None, {}, None
-        start = time.perf_counter()
+        pending = _Pending(epoch, path, time.perf_counter())
+        plan = SavePlan(epoch, path, pending, self._wait_s(started), previous=previous)
         try:
             if unwritable is not None:
                 raise unwritable
-            found, flat = manifest.build(
-                epoch,
-                self._node_name,
-                Workspace(workspace),
-                Workspace(outputs or {}),
-                self.owner_process,
-            )
-            metrics = retention.metrics_of(self.required_outputs, outputs or {}, workspace)
-            found = dataclasses.replace(found, metrics=metrics)
-            encoded, digests = storage.encode(found, flat, self._private)
-            _prepare_prefix(self._db_prefix)
-            self._manifests.pop(path, None)
-            if jax.process_index() == (self.owner_process or 0):
-                superseded = _move_aside(path)
+            self._encode(plan, workspace, outputs or {})
         except Exception as err:
-            problem = err
-        pending = _Pending(epoch, path, start, superseded=superseded)
-        previous, problem = self._agree(
-            epoch, path, previous, problem, found, digests, started=started
+            plan.problem = err
+        return self._plan(plan)
+
+    def _wait_s(self, started: float | None) -> float:
+        """``timeout_s`` plus what remains of the write started at ``started`` (others await it)."""
+        if started is None:
+            return self.timeout_s
+        return self.timeout_s + max(
+            0.0, started + self.options.write_timeout_s - time.perf_counter()
         )
-        if problem is None:
-            problem = self._start(epoch, path, encoded, found, pending)
+
+    def _encode(self, plan: SavePlan, workspace: Mapping[str, Any], outputs: Mapping) -> None:
+        """Builds the manifest and the leaves as stored, then moves the path aside."""
+        found, flat = manifest.build(
+            plan.epoch,
+            self._node_name,
+            Workspace(workspace),
+            Workspace(outputs),
+            self.owner_process,
+        )
+        metrics = retention.metrics_of(self.required_outputs, outputs, workspace)
+        plan.found = dataclasses.replace(found, metrics=metrics)
+        plan.encoded, plan.digests = storage.encode(plan.found, flat, self._private)
+        plan.bytes = storage.nbytes(plan.encoded)
+        _prepare_prefix(self._db_prefix)
+        self._manifests.pop(plan.path, None)
+        if jax.process_index() == (self.owner_process or 0):
+            plan.pending.superseded = _move_aside(plan.path)
+
+    def _plan(self, plan: SavePlan) -> SavePlan:
+        """Completes ``plan`` with its post: outcome, leaves to check, and this save's stats."""
+        local = {
+            s.path: {"kind": s.kind, "dtype": s.dtype, "shape": list(s.shape)}
+            for s in (plan.found.leaves.values() if plan.found else ())
+            if s.host_local
+        }
+        stats = {
+            "epoch": plan.epoch,
+            "bytes": plan.bytes,
+            "error": _text(plan.problem),
+            "duration_s": time.perf_counter() - plan.pending.started,
+        }
+        plan.post = {
+            **_outcome(plan.previous, plan.problem),
+            "host_local": local,
+            "replicated": plan.digests,
+            "stats": {plan.path: stats},
+        }
+        return plan
+
+    def agree_save(self, plan: SavePlan, posts: Sequence[Mapping[str, Any]]) -> Exception | None:
+        """Concludes from every process's ``plan.post`` (in process order) whether the save starts.
+
+        Sets ``plan.previous`` to the previous save's failure on any process
+        and ``plan.problem`` to this save's problem on any process (each
+        naming those processes), or None.
+
+        Returns:
+            ``plan.problem``.
+        """
+        plan.previous, plan.problem = self._conclude(
+            plan.epoch, plan.path, plan.previous, plan.problem, posts
+        )
+        return plan.problem
+
+    def start_save(self, plan: SavePlan, *, cancel: bool = False) -> None:
+        """Starts the agreed save, or gives it up if ``plan.problem`` (or ``cancel``) says so.
+
+        Args:
+            plan: From :meth:`prepare_save`, concluded by :meth:`agree_save`.
+            cancel: Give it up though it could start (another node's save could not).
+
+        Raises:
+            As :meth:`save`: the problem, else (after starting) the previous save's failure.
+        """
+        problem = plan.problem
+        if problem is None and not cancel:
+            problem = self._start(plan)
+            if not self.options.async_save and problem is None:
+                plan.previous = plan.previous or self._finish_pending()
         else:
-            _put_back(path, pending)
-            self._record_failure(epoch, path, problem)
-        if not self.options.async_save and problem is None:
-            previous = previous or self._finish_pending()
+            _put_back(plan.path, plan.pending)
+            if problem is not None:
+                self._record_failure(plan.epoch, plan.path, problem)
         self._retain()
         if problem is not None:
             raise problem
-        if previous is not None:
-            raise previous
+        if plan.previous is not None:
+            raise plan.previous
 
-    def _agree(self, epoch, path, previous, problem, found=None, digests=None, *, started=None):
-        """Shares with every process how the previous save ended and whether this one can start.
+    def _agree(self, previous: CheckpointSaveError | None, *, started: float | None):
+        """Shares with every process how the last save ended; returns its failure on any process."""
+        mine = {**_outcome(previous, None), "host_local": {}, "replicated": {}}
+        posts = hosts.exchange(self._what(None), mine, timeout_s=self._wait_s(started))
+        previous, _ = self._conclude(None, None, previous, None, posts)
+        return previous
+
+    def _conclude(self, epoch, path, previous, problem, posts):
+        """The previous save's failure and this save's problem on any process, from the posts.
 
         Returns:
-            The previous save's failure on any process and this save's
-            problem on any process (each naming those processes), or None.
+            Each naming the processes where it happened, or None.
         """
-        local = {
-            s.path: {"kind": s.kind, "dtype": s.dtype, "shape": list(s.shape)}
-            for s in (found.leaves.values() if found else ())
-            if s.host_local
-        }
-        mine = {
-            "previous": _text(previous),
-            "previous_at": [previous.epoch, previous.db_name] if previous else None,
-            "problem": _text(problem),
-            "host_local": local,
-            "replicated": digests or {},
-        }
-        what = f"the save of epoch {epoch} of node {self._node_name!r}"
-        if epoch is None:
-            what = f"the end of the saves of node {self._node_name!r}"
-        timeout_s = self.timeout_s
-        if started is not None:  # others may still wait, up to write_timeout_s, for that write
-            timeout_s += max(0.0, started + self.options.write_timeout_s - time.perf_counter())
-        posts = [mine] if self._private else hosts.exchange(what, mine, timeout_s=timeout_s)
         me = [0] if self._private else [jax.process_index()]
         failed, text = boundary.failures(posts, "previous")
         if failed and failed != me:
@@ -487,12 +613,13 @@ class CheckpointManager(ManagerCore):
                 f"(owner_process), but save was called on process {jax.process_index()}"
             )
 
-    def _start(self, epoch, path, encoded, found, pending):
+    def _start(self, plan: SavePlan) -> CheckpointSaveError | None:
         """Starts the Orbax save on every process; returns its failure, if any."""
+        epoch, path, pending = plan.epoch, plan.path, plan.pending
         self._current_db_name = path
-        self._current_stats = {"epoch": epoch, "bytes": storage.nbytes(encoded), "error": None}
+        self._current_stats = {"epoch": epoch, "bytes": plan.bytes, "error": None}
         try:
-            args = storage.save_args(encoded, found)
+            args = storage.save_args(plan.encoded, plan.found)
             logger.debug("Saving epoch %d to %s", epoch, path)
             self._get_saver().save(path, args=args)
         except Exception as err:
@@ -500,7 +627,7 @@ class CheckpointManager(ManagerCore):
             _put_back(path, pending)
             return self._record_failure(epoch, path, err)
         self._pending = pending
-        self._blob_names = found.state_keys
+        self._blob_names = plan.found.state_keys
         self._current_stats["duration_s"] = time.perf_counter() - pending.started
         return None
 
@@ -578,7 +705,7 @@ class CheckpointManager(ManagerCore):
         started = self._pending.started if self._pending else None
         failure = self._finish_pending()
         if jax.process_count() > 1 and not self._private:
-            failure, _ = self._agree(None, None, failure, None, started=started)
+            failure = self._agree(failure, started=started)
         self._retain()
         if failure is not None:
             raise failure
@@ -598,6 +725,15 @@ class CheckpointManager(ManagerCore):
             stats[self._current_db_name] = dict(self._current_stats)
         else:
             logger.info("No checkpoint stats to collect for %s", self._node_name)
+
+
+def _outcome(previous: CheckpointSaveError | None, problem: BaseException | None) -> dict:
+    """The post of how this process's previous save ended and whether this one can start."""
+    return {
+        "previous": _text(previous),
+        "previous_at": [previous.epoch, previous.db_name] if previous else None,
+        "problem": _text(problem),
+    }
 
 
 def _text(err: BaseException | None) -> str | None:

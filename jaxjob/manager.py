@@ -154,7 +154,7 @@ class Manager(Protocol):
         """Reports the last action's stats to the metadata handler."""
 
     def cp_accessible(self, epoch: int | None = None) -> bool:
-        """Whether checkpoints (of ``epoch``) are accessible."""
+        """Whether checkpoints (of ``epoch``; without it: for the next save) are accessible."""
 
     def wait_until_finished(self) -> None:
         """Blocks until every save in flight is committed (every process)."""
@@ -202,6 +202,8 @@ class ManagerCore:
         self._path_type: str | None = None
         self._metadata_due: int | None = None
         self._nodes: list[str] = []
+        self._agreed_stats: list[dict[str, Any]] | None = None  # the last save's, from its posts
+        self._accessible = True  # the metadata handler's answer for the next save
 
     @property
     def db_prefix(self) -> str:
@@ -330,8 +332,21 @@ class ManagerCore:
         )
 
     def cp_accessible(self, epoch: int | None = None) -> bool:
-        """Asks the metadata handler whether checkpoints (of ``epoch``) are accessible."""
-        return self._metadata_handler.cp_accessible(epoch)
+        """Asks the metadata handler whether checkpoints (of ``epoch``) are accessible.
+
+        Without ``epoch`` (the runner asks before each save), the answer is
+        also this process's word on the next :meth:`save`, posted in its
+        agreement: False there fails that save on every process, writing nothing.
+        """
+        accessible = self._metadata_handler.cp_accessible(epoch)
+        if epoch is None:
+            self._accessible = bool(accessible)
+        return accessible
+
+    def _take_access(self) -> bool:
+        """The last ``cp_accessible()`` answer, for this save only (then True again)."""
+        accessible, self._accessible = self._accessible, True
+        return accessible
 
     def write_checkpoint_metadata(self, epoch: int) -> None:
         """Tells the metadata handler that ``epoch`` is saved, once it is committed."""
@@ -353,11 +368,19 @@ class ManagerCore:
     def report_checkpoint_stats(self, action_name: str) -> None:
         """Sends every process's stats of the last action to the metadata handler.
 
-        Call it on every process; see :func:`jaxjob.boundary.gather_stats` for the entries.
+        Call it on every process; see :func:`jaxjob.boundary.merge_stats` for
+        the entries. A save's stats came with its agreement (each process's
+        ``bytes``, and as ``duration_s`` its time in ``save`` until it posted:
+        preparing its part, before waiting on the others), so reporting them
+        waits on no other process; a load's are exchanged here.
         """
         stats: dict[str, Any] = {}
         self.collect_checkpoint_stats(stats)
-        stats = boundary.gather_stats(stats, self.timeout_s, exchange=self._exchange_stats)
+        agreed, self._agreed_stats = self._agreed_stats, None
+        if agreed is not None:
+            stats = boundary.merge_stats(agreed, stats)
+        else:
+            stats = boundary.gather_stats(stats, self.timeout_s, exchange=self._exchange_stats)
         self._metadata_handler.report(action_name, stats)
 
     def wait_until_finished(self) -> None:

@@ -8,12 +8,12 @@ from typing import Any
 
 import jax
 
-from jaxjob import boundary, hosts, retention
+from jaxjob import boundary, hosts, manifest, retention
 from jaxjob import keep as keep_lib
-from jaxjob.checkpoint import CheckpointManager
+from jaxjob.checkpoint import CheckpointManager, SavePlan
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
-from jaxjob.layout import db_name
+from jaxjob.layout import check_epoch, db_name
 from jaxjob.log import get_logger
 from jaxjob.manager import DEFAULT_WRITE_TIMEOUT_S, CheckpointOptions, ManagerCore, check_owner
 from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
@@ -213,6 +213,7 @@ class MultiNodeCheckpointManager(ManagerCore):
     ) -> Workspace:
         """Loads and merges every node's checkpoint of ``epoch`` (private nodes: its own)."""
         merged: dict[str, Any] = {}
+        self._agreed_stats = None
         for name, manager in self._own_managers():
             ws = manager.load(epoch, path_prefix, path_type, targets=targets)
             self._key_nodes.update(dict.fromkeys(ws, name))
@@ -237,6 +238,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         """Loads ``blob_names`` from every node's checkpoint of ``epoch`` that holds them."""
         names = list(blob_names)
         merged: dict[str, Any] = {}
+        self._agreed_stats = None
         for _, manager in self.node_managers:
             merged.update(manager.load_blobs_from_checkpoint(names, epoch))
         return Workspace(merged)
@@ -255,6 +257,7 @@ class MultiNodeCheckpointManager(ManagerCore):
             KeyError: If no node's checkpoint holds a requested name.
         """
         self._make_managers(nodes)
+        self._agreed_stats = None  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             missing = [n for n, m in self.node_managers if not m.check_db_exists(epoch)]
             logger.info("Checkpoints of nodes %s at epoch %d do not exist", missing, epoch)
@@ -293,39 +296,98 @@ class MultiNodeCheckpointManager(ManagerCore):
         owner = self._key_nodes.get(name, nodes[0])
         return owner if owner in nodes else nodes[0]
 
-    def save(self, epoch: int, workspace: Mapping[str, Any], *, outputs=None) -> None:
+    def save(
+        self, epoch: int, workspace: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None
+    ) -> None:
         """Starts saving each node's leaves of ``workspace`` into its own checkpoint.
 
+        The processes agree on every node's save in one exchange (see
+        :meth:`CheckpointManager.save <jaxjob.CheckpointManager.save>`); if
+        one node's cannot start on some process, no node's starts.
+
         Raises:
-            CheckpointSaveError: If this epoch's save cannot start, or (after
+            CheckpointSaveError: If this epoch's save cannot start (also for
+                an unwritable prefix, or :meth:`cp_accessible` False, here), or (after
                 this epoch's saves have started) the first failure of a
                 previous async save.
         """
+        check_epoch(epoch)
+        for name in [*workspace, *(outputs or {})]:  # before any node's save is prepared
+            manifest.check_name(name)
         due, self._metadata_due = self._metadata_due, None
-        own = self._own_managers()
-        previous = current = None
-        for name, manager in own:
-            part = {k: v for k, v in workspace.items() if self._owner(k) == name}
-            try:
-                manager.save(epoch, part, outputs=outputs if name == own[0][0] else None)
-            except CheckpointSaveError as err:
-                if err.epoch != epoch:
-                    previous = previous or err
-                    continue
-                current = err
-                break
-            except OSError as err:  # this process's prefix is not writable
-                current = CheckpointSaveError(epoch, manager.get_ckpt_db_name(name, epoch), err)
-                break
-        current = self._share_failure(f"the node saves of epoch {epoch}", current)
+        plans = self._prepare(epoch, workspace, outputs, self._take_access())
+        posts = hosts.exchange(
+            f"the save of epoch {epoch} of nodes {self.node_names()}",
+            {name: plan.post for name, plan in plans.items()},
+            timeout_s=max([self.timeout_s, *(plan.timeout_s for plan in plans.values())]),
+        )
+        current, elsewhere = self._agree(plans, posts)
+        self._agreed_stats = None if current else _stats_posts(posts)
+        previous, current = self._start(plans, current)
         if current is not None:
             raise current
-        previous = self._share_failure(f"the node writes before epoch {epoch}", previous)
+        previous = previous or elsewhere
         self._metadata_due = due
         self._flush_metadata(committed=previous is None)
         self._retain(writing=epoch)
         if previous is not None:
             raise previous
+
+    def _prepare(self, epoch, workspace, outputs, accessible) -> dict[str, SavePlan]:
+        """Each of this process's nodes' part of the save, before the processes agree."""
+        own = self._own_managers()
+        plans = {}
+        for name, manager in own:
+            part = {k: v for k, v in workspace.items() if self._owner(k) == name}
+            plans[name] = manager.prepare_save(
+                epoch,
+                part,
+                outputs=outputs if name == own[0][0] else None,
+                accessible=accessible,
+            )
+        return plans
+
+    def _agree(self, plans, posts):
+        """Concludes every node's save from the posts, in node order.
+
+        Returns:
+            The first node's problem on any process, and the first failure of
+            a previous save of another process's private node (or None).
+        """
+        problems, elsewhere = [], []
+        for name, manager in self.node_managers:
+            if name in plans:
+                node_posts = [post[name] for post in posts if name in post]
+                problem = manager.agree_save(plans[name], node_posts)
+                if isinstance(problem, OSError):  # this process's: its prefix is not writable
+                    problem = _save_error(plans[name], problem)
+                problems.append(problem)
+            elif name in self._node_processes:  # another process's own node
+                owner = self._node_processes[name]
+                previous, problem = _outcome_elsewhere(posts[owner][name], owner)
+                problems.append(problem)
+                elsewhere.append(previous)
+        first = next((p for p in problems if p is not None), None)
+        return first, next((p for p in elsewhere if p is not None), None)
+
+    def _start(self, plans, current):
+        """Starts each node's save, or none if ``current`` (some node's problem) says so.
+
+        Returns:
+            The first previous save's failure, and this save's failure.
+        """
+        previous = None
+        for name, manager in self._own_managers():
+            try:
+                manager.start_save(plans[name], cancel=current is not None)
+            except CheckpointSaveError as err:
+                if err.epoch != plans[name].epoch:
+                    previous = previous or err
+                else:
+                    current = current or err
+            except Exception as err:  # this process's own problem, raised as it is
+                current = current or err
+        return previous, current
 
     def wait_until_finished(self) -> None:
         """Blocks until every node's save in flight is committed; call it on every process.
@@ -370,3 +432,34 @@ class MultiNodeCheckpointManager(ManagerCore):
         """Adds each node's last action stats to ``stats``."""
         for _, manager in self.node_managers:
             manager.collect_checkpoint_stats(stats)
+
+
+def _stats_posts(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each process's stats of its nodes' saves, from its post of the save's agreement."""
+    return [
+        {
+            "process": p,
+            "stats": {db: s for node in post.values() for db, s in node["stats"].items()},
+        }
+        for p, post in enumerate(posts)
+    ]
+
+
+def _save_error(plan: SavePlan, err: OSError) -> CheckpointSaveError:
+    failure = CheckpointSaveError(plan.epoch, plan.path, err)
+    failure.__cause__ = err
+    return failure
+
+
+def _outcome_elsewhere(post: dict[str, Any], owner: int):
+    """The previous save's failure and this save's problem of process ``owner``'s own node."""
+    previous = problem = None
+    if post["previous"]:
+        epoch, db = post["previous_at"]
+        previous = CheckpointSaveError(epoch, db, f"process {owner}: {post['previous']}", [owner])
+    if post["problem"]:
+        ((db, stats),) = post["stats"].items()
+        problem = CheckpointSaveError(
+            stats["epoch"], db, f"process {owner}: {post['problem']}", [owner]
+        )
+    return previous, problem

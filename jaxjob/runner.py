@@ -432,6 +432,8 @@ class JobRunner:
         A failure follows ``on_save_error``. A failure of the previous
         epoch's background write surfaces here too. In a multi-process job,
         call it on every process: a failure on any process is seen by all.
+        The metadata handler's ``cp_accessible()``, the save and its stats
+        report take one exchange with the other processes in all (the save's).
 
         Raises:
             ValueError: If the runner has no checkpoint manager.
@@ -443,12 +445,7 @@ class JobRunner:
         if manager is None:
             raise ValueError("save_checkpoints needs a checkpoint_manager")
         try:
-            what = f"the checkpoint access check of epoch {epoch}"
-            denied = self._any_process(what, not manager.cp_accessible(epoch=None))
-            if denied:
-                raise PermissionError(
-                    f"the checkpoint directory cannot be written on processes {denied}"
-                )
+            manager.cp_accessible(epoch=None)  # the manager posts the answer with the save
             try:
                 manager.save(epoch, session.workspace, outputs=outputs)
             except CheckpointSaveError as err:

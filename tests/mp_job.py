@@ -5,6 +5,8 @@ Usage: ``python mp_job.py DB_PREFIX EPOCHS`` with options as JSON in ``MP_JOB``:
 itself mid-epoch, sleeps mid-epoch, or has its save of that epoch fail;
 ``term``: ``[epoch, process]`` where that process sends itself SIGTERM mid-epoch
 (a preemption: each process prints ``PREEMPTED {json}`` and exits 75);
+``deny``: ``[epoch, process]`` where that process's metadata handler reports the
+checkpoints as not accessible at that epoch's save;
 ``policy`` (on_save_error), ``timeout_s``, ``host_map`` ("mod2"), ``save_every_epochs``.
 It prints one ``RESULT {json}`` line per process.
 """
@@ -100,6 +102,19 @@ def inject_save_failure(epoch: int) -> None:
     ocp.PyTreeCheckpointHandler.async_save = failing_async_save
 
 
+class _DenyingHandler(jaxjob.DiskMetadataHandler):
+    """Reports the checkpoints as not accessible at the save of ``epoch`` (saving every epoch)."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__()
+        self.epoch, self.checks = epoch, 0
+
+    def cp_accessible(self, epoch=None):
+        self.checks += epoch is None
+        denied = epoch is None and self.checks == self.epoch + 1
+        return super().cp_accessible(epoch) and not denied
+
+
 def main() -> int:
     if os.environ.get("MP_DEBUG"):
         import faulthandler
@@ -114,8 +129,10 @@ def main() -> int:
     job.epoch_group.add(advance, jit=False)
     jaxjob.epoch_limiter(job, EPOCHS)
     host_map = (lambda p: p % 2) if OPTS.get("host_map") == "mod2" else None
+    deny = OPTS.get("deny")
     ckpt = jaxjob.CheckpointManager(
         PREFIX,
+        metadata_handler=_DenyingHandler(deny[0]) if deny and deny[1] == ME else None,
         timeout_s=OPTS.get("timeout_s", 60),
         write_timeout_s=OPTS.get("write_timeout_s", 60),
         host_map=host_map,

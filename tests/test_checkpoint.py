@@ -215,3 +215,42 @@ def test_private_node_arguments():
         ValueError, match=r"owner_process must be None or a process index in \[0, 1\), got 3"
     ):
         jaxjob.CheckpointManager("/tmp/x", owner_process=3)
+
+
+def test_multinode_save_starts_no_node_when_one_cannot(tmp_path):
+    """If one node's save cannot start, none does: an epoch is saved for every node or none."""
+    ckpt = jaxjob.MultiNodeCheckpointManager(str(tmp_path))
+    ckpt.init(["a", "b"], key_nodes={"x": "a", "y": "b"})
+    with pytest.raises(TypeError, match=r"cannot checkpoint the leaf at \['y'\] of type object"):
+        ckpt.save(0, {"x": jnp.zeros(2), "y": object()})
+    ckpt.save(1, {"x": jnp.zeros(2), "y": jnp.ones(2)})
+    ckpt.wait_until_finished()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["a.1", "b.1"]
+
+
+class _Denying(jaxjob.DiskMetadataHandler):
+    def cp_accessible(self, epoch=None):
+        return False
+
+
+@pytest.mark.parametrize("multinode", [False, True])
+def test_save_after_access_denied_writes_nothing(tmp_path, multinode):
+    """After cp_accessible() said False, the next save raises the PermissionError (the multi-node
+    manager: as a CheckpointSaveError), writes nothing and leaves what is committed; the one after
+    saves again."""
+    if multinode:
+        ckpt = jaxjob.MultiNodeCheckpointManager(str(tmp_path), metadata_handler=_Denying())
+        ckpt.init(["a"])
+    else:
+        ckpt = jaxjob.CheckpointManager(str(tmp_path), "a", metadata_handler=_Denying())
+    ckpt.save(0, {"x": jnp.zeros(2)})
+    ckpt.wait_until_finished()
+    assert ckpt.cp_accessible() is False
+    error = jaxjob.CheckpointSaveError if multinode else PermissionError
+    with pytest.raises(error, match="reports the checkpoints .* as not accessible"):
+        ckpt.save(0, {"x": jnp.ones(2)})
+    ckpt.wait_until_finished()
+    assert ckpt.committed_epochs() == [0] and ckpt.load(0)["x"].tolist() == [0.0, 0.0]
+    ckpt.save(1, {"x": jnp.ones(2)})
+    ckpt.wait_until_finished()
+    assert ckpt.committed_epochs() == [0, 1]

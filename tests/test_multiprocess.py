@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -112,6 +114,38 @@ def test_each_process_saves_its_own_node(tmp_path):
     assert gathered["restored_w"] == [15.0] * 3  # jaxjob.restore of process 1's node, on process 0
     names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert names == [f"trainer_{i}.{e}" for i in (0, 1) for e in range(4)]
+
+
+@pytest.fixture(scope="module")
+def exchanges(tmp_path_factory):
+    """Every process's exchanges per epoch of 4-epoch jobs (tests/mp_exchanges.py), by variant."""
+    return _run_script(tmp_path_factory.mktemp("exchanges"), "mp_exchanges.py", 4)
+
+
+@pytest.mark.parametrize("kind", ["single", "multi", "private"])
+def test_a_saved_epoch_costs_one_exchange_more_than_an_unsaved_one(exchanges, kind):
+    """On 2 processes an epoch without a save ends with one exchange (the boundary check); a saved
+    epoch, with either manager, makes exactly one more, which carries the access check and the
+    stats (the report names both processes), for every node at once."""
+    names = {"single": "node 'local'", "multi": "nodes ['a', 'b', 'local']"}
+    names["private"] = "nodes ['trainer_0', 'trainer_1']"
+    dbs = {"single": ["local"], "multi": ["a", "b", "local"], "private": ["trainer_0", "trainer_1"]}
+    for process in (0, 1):
+        plain = exchanges[process]["none/1"]["exchanges"]
+        assert plain == [[f"the stop conditions of epoch {e}"] for e in (1, 2, 3)]
+        without = exchanges[process][f"{kind}/1000"]["exchanges"]
+        saved = exchanges[process][f"{kind}/1"]["exchanges"]
+        assert without == plain
+        assert [len(e) for e in saved] == [len(e) + 1 for e in without] == [2, 2, 2]
+        assert [e[1] for e in saved] == [
+            f"the save of epoch {e} of {names[kind]}" for e in (1, 2, 3)
+        ]
+        reports = exchanges[process][f"{kind}/1"]["reports"]
+        assert len(reports) == 5  # epochs 0 to 4
+        for epoch, report in enumerate(reports):
+            assert report == {
+                f"{db}.{epoch}": [0, 1] if kind != "private" else [int(db[-1])] for db in dbs[kind]
+            }
 
 
 DISAGREE = textwrap.dedent(

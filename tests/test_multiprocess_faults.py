@@ -97,6 +97,26 @@ def test_save_failing_on_one_process_is_logged_by_every_process(tmp_path, refere
     assert committed(tmp_path) == ["local.0", "local.1", "local.3", "local.4"]
 
 
+def test_access_denied_on_one_process_fails_that_save_on_every_process(tmp_path, reference):
+    """A metadata handler reporting the checkpoints as not accessible on process 1 at epoch 2
+    fails that save on both processes, naming process 1; the other epochs commit."""
+    status, output, _ = launch(2, 2, "mp_job.py", tmp_path, 4, opts={"deny": [2, 1]})
+    assert status == 0, output[-4000:]
+    results = lines(output, "RESULT")
+    for process in (0, 1):
+        assert results[process]["save_errors"] == [2]
+        assert results[process]["error_processes"] == [[1]]
+        assert results[process]["digest"] == reference[process]["digest"]
+        logged = [
+            line
+            for line in output.splitlines()
+            if f"[process={process}]" in line and "Unable to write checkpoint for epoch 2" in line
+        ]
+        assert len(logged) == 1 and "failed on processes [1]" in logged[0]
+        assert "PermissionError: the metadata handler reports the checkpoints" in logged[0]
+    assert committed(tmp_path) == ["local.0", "local.1", "local.3", "local.4"]
+
+
 def test_per_process_stats_show_which_process_dominated(reference):
     """Each save's report has every process's duration and bytes and names the slowest."""
     for process in (0, 1):
