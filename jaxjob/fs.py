@@ -23,6 +23,7 @@ from etils import epath
 
 __all__ = [
     "REMOTE_SCHEMES",
+    "append_text",
     "exists",
     "fsync_dir",
     "fsync_tree",
@@ -180,6 +181,30 @@ def write_text(path: str, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path))
+
+
+def append_text(path: str, text: str) -> None:
+    """Appends ``text`` to the file at ``path`` (created if missing), durably.
+
+    On local disk the file is appended to and fsynced (its directory too
+    when the file is new); a line that a crash tore stays on its own line,
+    since ``text`` then starts on a new one. Object stores cannot append:
+    the object is read and uploaded again with ``text`` added.
+    """
+    if is_remote(path):
+        write_text(path, (read_text(path) if exists(path) else "") + text)
+        return
+    created = not os.path.exists(path)
+    with open(path, "a+b") as f:
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                text = "\n" + text
+        f.write(text.encode())
+        f.flush()
+        os.fsync(f.fileno())
+    if created:
+        fsync_dir(os.path.dirname(path))
 
 
 def writable(path: str) -> bool:
