@@ -158,6 +158,20 @@ def build_rows(results):
             "safetensors + fsync",
             _med(tiny, "safetensors", "commit"),
         ),
+        _row(
+            "tiny 10 x 64 KiB: jaxjob save to commit, a manager's later saves",
+            _med(tiny, "jaxjob", "commit_later"),
+            "10 ms",
+            0.010,
+            1.0,
+        ),
+        _row(
+            "tiny 10 x 64 KiB: jaxjob blocked, a manager's later saves",
+            _med(tiny, "jaxjob", "blocked_later"),
+            "2 ms",
+            0.002,
+            1.0,
+        ),
     ]
     loop = results.get("loop", {})
     rows.append(
