@@ -178,7 +178,7 @@ def build_rows(results):
         _row(
             "epoch loop s/epoch: JobRunner, save every epoch",
             _med(loop, "jobrunner"),
-            "hand-written jit + Orbax loop",
+            "hand-written jit + Orbax loop (metadata and rename not fsynced)",
             _med(loop, "hand_orbax"),
             1.03,
         )
