@@ -91,7 +91,8 @@ _check_version()
 
 
 # Temporary directories that a DurableRename is writing: every file under them is fsynced by
-# its finalize before the commit, so TensorStore need not fsync them as it writes.
+# its finalize before the commit, so TensorStore need not fsync them as it writes. A save that
+# fails before its finalize leaves its entry: harmless, as only a DurableRename commits there.
 _flushed_at_commit: set[str] = set()
 _flushed_lock = threading.Lock()
 

@@ -1,6 +1,8 @@
 """A reported commit is durable: every file fsynced before the rename, the parent after it."""
 
+import asyncio
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -9,6 +11,10 @@ import sys
 import textwrap
 
 import pytest
+from etils import epath
+from orbax.checkpoint._src.serialization import tensorstore_utils
+
+from jaxjob import orbax_adapter
 
 SAVE = """
 import jax.numpy as jnp, numpy as np, jaxjob
@@ -135,3 +141,20 @@ def test_parse_strace_joins_calls_that_other_threads_interrupted():
     ]
     rename = calls[2]
     assert calls[0].ended > rename.began  # still running when the rename began: not "before" it
+
+
+def test_tensorstore_skips_its_own_fsyncs_only_where_the_commit_flushes_everything(tmp_path):
+    """Under a DurableRename temporary directory, until its commit; elsewhere Orbax is untouched."""
+
+    def skips_fsync(directory):
+        spec = tensorstore_utils.build_kvstore_tspec(str(directory), use_ocdbt=True)
+        return '"file_io_sync": false' in json.dumps(spec)
+
+    temporary = orbax_adapter.DurableRename.from_final(epath.Path(tmp_path / "local.0"))
+    assert not skips_fsync(temporary.get() / "state")
+    asyncio.run(temporary.create())
+    assert skips_fsync(temporary.get() / "state")
+    assert not skips_fsync(tmp_path / "elsewhere")
+    asyncio.run(temporary.finalize())
+    assert (tmp_path / "local.0" / "commit_success.txt").exists()
+    assert not skips_fsync(temporary.get() / "state")
