@@ -5,7 +5,10 @@
     python benchmarks/loops.py digits DIR --epochs 30   # digits s/epoch without and with saves
 
 ``loop`` and ``overlap`` run the same epoch function (~0.2 s of matmuls on a
-16 MiB state); each variant alternates with the other ``--rounds`` times.
+16 MiB state); each variant alternates with the other ``--rounds`` times. The hand
+loop uses Orbax's default ``CheckpointManager``: TensorStore fsyncs its data files,
+but its JSON metadata files and the committed directory's rename are not fsynced
+(jaxjob's commit is durable).
 """
 
 import argparse

@@ -32,6 +32,7 @@ FULL = {
     "big": (4, 256 * 2**20),
     "many": (400, 5 * 2**19),
     "tiny": (10, 64 * 2**10),
+    "tiny_later_saves": 9,
     "repeats": 3,
     "processes": (2, 4, 8, 16),
     "exchange": ["--calls", "100", "--blocks", "4"],
@@ -45,6 +46,7 @@ QUICK = {
     "big": (4, 16 * 2**20),
     "many": (400, 40 * 2**10),
     "tiny": (10, 64 * 2**10),
+    "tiny_later_saves": 3,
     "repeats": 1,
     "processes": (2, 4),
     "exchange": ["--calls", "20", "--blocks", "2"],
@@ -87,6 +89,8 @@ def storage(plan, work, log):
         for name in rounds:
             leaves, leaf_bytes = plan[name]
             spec = {"leaves": leaves, "leaf_bytes": leaf_bytes, "mode": "time", "order": r}
+            if name == "tiny":  # the steady state too: a manager's later saves
+                spec["later_saves"] = plan["tiny_later_saves"]
             spec["dir"] = tempfile.mkdtemp(dir=work)
             log(f"storage {name} round {r + 1}/{plan['repeats']}")
             rounds[name].append(child([os.path.join(HERE, "storage_bench.py"), json.dumps(spec)]))

@@ -4,13 +4,16 @@
                                          "mode": "time", "order": 0}'
 
 ``mode`` ``time``: each method saves then restores the same arrays, methods in an
-order rotated by ``order``; ``rss-save`` / ``rss-restore``: peak RSS of one jaxjob
-save or restore, as a multiple of the workspace. Prints one ``RESULT {json}`` line.
+order rotated by ``order`` (``methods``: only those; ``later_saves``: that many more
+jaxjob saves on the same manager, the steady state of a loop); ``rss-save`` /
+``rss-restore``: peak RSS of one jaxjob save or restore, as a multiple of the
+workspace. Prints one ``RESULT {json}`` line.
 """
 
 import json
 import os
 import shutil
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -67,25 +70,40 @@ def limits(host, root):
 # ---- jaxjob ------------------------------------------------------------------------------------
 
 
-def jaxjob_rounds(ws, root, partial_names):
-    """Blocked time, time to a durable commit, full and partial restores with bytes read."""
+def _timed_save(ckpt, epoch, ws):
+    """(blocked, to commit) seconds of one save."""
+    blocked, _ = timed(ckpt.save, epoch, ws)
+    waited, _ = timed(ckpt.wait_until_finished)
+    return blocked, blocked + waited
+
+
+def jaxjob_rounds(ws, root, partial_names, later_saves=0):
+    """Blocked time, time to a durable commit, full and partial restores with bytes read.
+
+    The first save is a new manager's (it takes the lock and builds Orbax's
+    checkpointer); ``later_saves`` more saves of the same manager give the
+    steady state of a training loop (``*_later``: their medians).
+    """
     warm = jaxjob.CheckpointManager(root + "-warm-up")  # a process's first save costs more
     warm.save(0, ws)
     warm.close()
     shutil.rmtree(root + "-warm-up")
     ckpt = jaxjob.CheckpointManager(root)
-    blocked, _ = timed(ckpt.save, 0, ws)
-    waited, _ = timed(ckpt.wait_until_finished)
+    blocked, commit = _timed_save(ckpt, 0, ws)
+    result = {"blocked": blocked, "commit": commit}
+    if later_saves:
+        later = [_timed_save(ckpt, epoch, ws) for epoch in range(1, later_saves + 1)]
+        result["blocked_later"] = statistics.median(b for b, _ in later)
+        result["commit_later"] = statistics.median(c for _, c in later)
     ckpt.close()
-    result = {"blocked": blocked, "commit": blocked + waited}
     before = bytes_read()
-    result["restore"] = timed(lambda: _block(jaxjob.restore(root)))[0]
+    result["restore"] = timed(lambda: _block(jaxjob.restore(root, epoch=0)))[0]
     result["restore_bytes"] = bytes_read() - before
     for label, names in partial_names.items():
         before = bytes_read()
-        result[f"restore_{label}"] = timed(lambda n=names: _block(jaxjob.restore(root, leaves=n)))[
-            0
-        ]
+        result[f"restore_{label}"] = timed(
+            lambda n=names: _block(jaxjob.restore(root, epoch=0, leaves=n))
+        )[0]
         result[f"restore_{label}_bytes"] = bytes_read() - before
     return result
 
@@ -167,13 +185,13 @@ def _time_mode(spec, host, ws):
     partial = {"quarter": names[: max(1, len(names) // 4)], "one": names[:1]}
     methods = {
         "limits": lambda d: limits(host, d),
-        "jaxjob": lambda d: jaxjob_rounds(ws, d, partial),
+        "jaxjob": lambda d: jaxjob_rounds(ws, d, partial, spec.get("later_saves", 0)),
         "orbax": lambda d: orbax_default(ws, d),
         "torch": lambda d: torch_rounds(host, d),
         "safetensors": lambda d: safetensors_rounds(host, d),
         "numpy": lambda d: numpy_rounds(host, d),
     }
-    order = list(methods)
+    order = [m for m in methods if m in spec.get("methods", methods)]
     shift = spec.get("order", 0) % len(order)
     order = order[shift:] + order[:shift]
     result = {}

@@ -158,13 +158,27 @@ def build_rows(results):
             "safetensors + fsync",
             _med(tiny, "safetensors", "commit"),
         ),
+        _row(
+            "tiny 10 x 64 KiB: jaxjob save to commit, a manager's later saves",
+            _med(tiny, "jaxjob", "commit_later"),
+            "10 ms",
+            0.010,
+            1.0,
+        ),
+        _row(
+            "tiny 10 x 64 KiB: jaxjob blocked, a manager's later saves",
+            _med(tiny, "jaxjob", "blocked_later"),
+            "2 ms",
+            0.002,
+            1.0,
+        ),
     ]
     loop = results.get("loop", {})
     rows.append(
         _row(
             "epoch loop s/epoch: JobRunner, save every epoch",
             _med(loop, "jobrunner"),
-            "hand-written jit + Orbax loop",
+            "hand-written jit + Orbax loop (metadata and rename not fsynced)",
             _med(loop, "hand_orbax"),
             1.03,
         )

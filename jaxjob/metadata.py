@@ -51,8 +51,9 @@ class DiskMetadataHandler:
 
     ``last_epoch()`` is the latest epoch committed for every node of the job.
     ``write(epoch)`` adds a line to ``<db_prefix>/jaxjob_metadata.jsonl`` on
-    process 0, by rewriting the file (object stores cannot append): atomically
-    and durably on local disk, as one object upload on object stores. ``report`` keeps
+    process 0: on local disk an append and one fsync (a line torn by a crash
+    stays on its own line), on object stores, which cannot append, one upload
+    of the whole file. ``report`` keeps
     every action's stats in ``history`` and logs them; failures are logged as
     warnings.
 
@@ -97,13 +98,11 @@ class DiskMetadataHandler:
         return epochs[-1] if epochs else None
 
     def write(self, epoch: int) -> None:
-        """Writes a commit record for ``epoch`` (durably, as one file or object)."""
+        """Appends a commit record for ``epoch``, durably."""
         if self.db_prefix is None or jax.process_index() != 0:
             return
         record = {"event": "commit", "epoch": epoch, "time": time.time()}
-        path = fs.join(self.db_prefix, METADATA_FILE)
-        lines = fs.read_text(path) if fs.exists(path) else ""
-        fs.write_text(path, lines + json.dumps(record) + "\n")
+        fs.append_text(fs.join(self.db_prefix, METADATA_FILE), json.dumps(record) + "\n")
 
     def cp_accessible(self, epoch: int | None = None) -> bool:
         """With ``epoch``: it is committed for every node. Without: the prefix is writable."""

@@ -12,7 +12,9 @@ here, so an Orbax upgrade is checked in one module:
   after the rename, so a power loss right after a reported commit could lose
   or tear the newest checkpoint. Orbax exposes only the ``TemporaryPath``
   class to change how a save is committed, and its implementation lives in
-  ``orbax.checkpoint._src``.
+  ``orbax.checkpoint._src``. Since that commit flushes every file, TensorStore's
+  own fsync of each file it writes there is turned off through the kvstore
+  spec (below), for those directories only.
 * **Object stores.** ``gs://`` works through Orbax unchanged, with the commit
   file (``commit_success.txt``) instead of a rename. ``s3://`` needs the same
   commit file plus TensorStore's ``s3`` driver: Orbax 0.12 builds TensorStore
@@ -38,6 +40,7 @@ import dataclasses
 import importlib.metadata
 import json
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -87,16 +90,45 @@ _check_version()
 # ---- durable commit -------------------------------------------------------------------------
 
 
+# Temporary directories that a DurableRename is writing: every file under them is fsynced by
+# its finalize before the commit, so TensorStore need not fsync them as it writes. A save that
+# fails before its finalize leaves its entry: harmless, as only a DurableRename commits there.
+_flushed_at_commit: set[str] = set()
+_flushed_lock = threading.Lock()
+
+
+def _flushed_at_commit_under(directory: str) -> bool:
+    """Whether ``directory`` lies in a temporary directory that DurableRename will flush."""
+    with _flushed_lock:
+        return any(directory == d or directory.startswith(d + "/") for d in _flushed_at_commit)
+
+
 class DurableRename(atomicity.AtomicRenameTemporaryPath):
     """Orbax's atomic rename, with every file and the rename itself fsynced.
 
     The files under the temporary directory are flushed before the rename,
     and the parent directory after it, so a checkpoint that is visible under
-    its final name is on stable storage.
+    its final name is on stable storage. They are flushed concurrently, all
+    at once (:func:`jaxjob.fs.fsync_tree`); so TensorStore, whose writes to
+    that directory are flushed then, does not fsync each file as it writes
+    it (:func:`_kvstore_tspec`).
     """
+
+    async def create(self) -> epath.Path:
+        """Creates the temporary directory; TensorStore's writes under it skip their fsyncs."""
+        with _flushed_lock:
+            _flushed_at_commit.add(os.fspath(self._tmp_path))
+        return await super().create()
 
     async def finalize(self) -> None:
         """Writes the commit marker, flushes everything, renames, flushes the parent."""
+        try:
+            await self._commit()
+        finally:
+            with _flushed_lock:
+                _flushed_at_commit.discard(os.fspath(self._tmp_path))
+
+    async def _commit(self) -> None:
         store = self._checkpoint_metadata_store
         if store:
             await asyncio.to_thread(store.wait_until_finished)
@@ -167,6 +199,16 @@ def _gcs_to_s3(spec: Any) -> Any:
     return spec
 
 
+def _without_file_sync(spec: Any) -> Any:
+    """``spec`` with ``file_io_sync`` off in each of its ``file`` kvstores."""
+    if isinstance(spec, dict):
+        spec = {k: _without_file_sync(v) for k, v in spec.items()}
+        return spec | {"file_io_sync": False} if spec.get("driver") == "file" else spec
+    if isinstance(spec, list):
+        return [_without_file_sync(v) for v in spec]
+    return spec
+
+
 def _kvstore_tspec(directory: Any, name: str | None = None, **kwargs: Any) -> dict[str, Any]:
     """Orbax's TensorStore kvstore spec; ``s3://`` built as Orbax builds ``gs://``, on ``s3``.
 
@@ -174,11 +216,20 @@ def _kvstore_tspec(directory: Any, name: str | None = None, **kwargs: Any) -> di
     remote-storage tuning); each ``gcs`` kvstore in it is then replaced.
     Every Orbax caller looks ``build_kvstore_tspec`` up on its module at call
     time, so replacing that one attribute covers them all.
+
+    Under a temporary directory that :class:`DurableRename` is writing, the
+    local files are written without TensorStore's fsync of each file (and of
+    its directory, and of each OCDBT manifest update, one after the other):
+    ``DurableRename.finalize`` flushes every file of the tree before the
+    commit. Other paths (Orbax used directly, without jaxjob) are untouched.
     """
     text = str(directory)
-    if not text.startswith("s3://"):
-        return _build_kvstore_tspec(directory, name, **kwargs)
-    return _gcs_to_s3(_build_kvstore_tspec("gs://" + text[len("s3://") :], name, **kwargs))
+    if text.startswith("s3://"):
+        return _gcs_to_s3(_build_kvstore_tspec("gs://" + text[len("s3://") :], name, **kwargs))
+    spec = _build_kvstore_tspec(directory, name, **kwargs)
+    if "://" not in text and _flushed_at_commit_under(os.path.normpath(text)):
+        return _without_file_sync(spec)
+    return spec
 
 
 tensorstore_utils.build_kvstore_tspec = _kvstore_tspec

@@ -1,5 +1,8 @@
 """A reported commit is durable: every file fsynced before the rename, the parent after it."""
 
+import asyncio
+import dataclasses
+import json
 import os
 import re
 import shutil
@@ -8,6 +11,10 @@ import sys
 import textwrap
 
 import pytest
+from etils import epath
+from orbax.checkpoint._src.serialization import tensorstore_utils
+
+from jaxjob import orbax_adapter
 
 SAVE = """
 import jax.numpy as jnp, numpy as np, jaxjob
@@ -18,7 +25,48 @@ ckpt.close()
 print("SAVED", flush=True)
 """
 
-_CALL = re.compile(r"^(?:\[pid\s+\d+\]\s+|\d+\s+)?(\w+)\((.*)\)\s+=\s+(-?\d+)")
+_PID = re.compile(r"^(?:\[pid\s+(\d+)\]\s+|(\d+)\s+)?(.*)$")
+_CALL = re.compile(r"^(\w+)\((.*)\)\s+=\s+(-?\d+)")
+_UNFINISHED = re.compile(r"^(\w+\(.*?)\s*<unfinished \.\.\.>$")
+_RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One completed system call: its name, arguments, and the lines where it began and ended."""
+
+    name: str
+    args: str
+    began: int
+    ended: int
+
+
+def parse_strace(text):
+    """The successful calls of an ``strace -f`` log, in the order they began.
+
+    A call that another thread's call interrupts is logged in two lines, its
+    start (``<unfinished ...>``) and, later, its end (``<... name resumed>``)
+    on the same pid: the two are joined. ``began`` and ``ended`` are the line
+    numbers of its start and its end, so "A completed before B started" is
+    ``a.ended < b.began``.
+    """
+    calls, open_calls = [], {}
+    for number, line in enumerate(text.splitlines()):
+        pid_a, pid_b, rest = _PID.match(line).groups()
+        pid = pid_a or pid_b or "0"
+        began, unfinished, resumed = number, _UNFINISHED.match(rest), _RESUMED.match(rest)
+        if unfinished:
+            open_calls[pid] = (number, unfinished.group(1))
+            continue
+        if resumed:
+            began, start = open_calls.pop(pid)
+            assert start.startswith(resumed.group(1) + "("), (start, line)
+            rest = start + resumed.group(2)
+        match = _CALL.match(rest)
+        if match and match.group(3) != "-1":
+            calls.append(Call(match.group(1), match.group(2), began, number))
+    assert not open_calls, f"calls never resumed: {open_calls}"
+    return sorted(calls, key=lambda c: c.began)
 
 
 def _trace(tmp_path, async_save):
@@ -35,12 +83,7 @@ def _trace(tmp_path, async_save):
     if proc.returncode != 0 and "ptrace" in proc.stderr:
         pytest.skip(f"strace cannot trace here: {proc.stderr[-300:]}")
     assert proc.returncode == 0 and "SAVED" in proc.stdout, proc.stderr[-3000:]
-    calls = []
-    for line in log.read_text().splitlines():
-        match = _CALL.match(line)
-        if match and match.group(3) != "-1":
-            calls.append((match.group(1), match.group(2)))
-    return prefix, calls
+    return prefix, parse_strace(log.read_text())
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
@@ -49,19 +92,15 @@ def test_commit_fsyncs_every_file_then_renames_then_fsyncs_the_parent(tmp_path, 
     """Seen with strace: each file of the checkpoint, its rename, then db_prefix, all flushed."""
     prefix, calls = _trace(tmp_path, async_save)
     final = prefix / "local.0"
-    renames = [
-        i
-        for i, (name, args) in enumerate(calls)
-        if name.startswith("rename") and f'"{final}"' in args
-    ]
+    renames = [c for c in calls if c.name.startswith("rename") and f'"{final}"' in c.args]
     assert len(renames) == 1, calls
-    rename_at = renames[0]
-    tmp_dir = re.search(r'"([^"]*local\.0\.orbax-checkpoint-tmp[^"/]*)"', calls[rename_at][1])
-    assert tmp_dir, calls[rename_at]
+    rename = renames[0]
+    tmp_dir = re.search(r'"([^"]*local\.0\.orbax-checkpoint-tmp[^"/]*)"', rename.args)
+    assert tmp_dir, rename
     synced_before = {
-        args.split("<", 1)[1].rstrip(">")
-        for name, args in calls[:rename_at]
-        if name in ("fsync", "fdatasync") and "<" in args
+        c.args.split("<", 1)[1].rstrip(">")
+        for c in calls
+        if c.ended < rename.began and c.name in ("fsync", "fdatasync") and "<" in c.args
     }
     files = [
         os.path.relpath(os.path.join(root, f), final)
@@ -71,7 +110,51 @@ def test_commit_fsyncs_every_file_then_renames_then_fsyncs_the_parent(tmp_path, 
     assert files, "the checkpoint has no files"
     for relative in files:
         assert os.path.join(tmp_dir.group(1), relative) in synced_before, relative
+    for root, _, _ in os.walk(final):  # and every directory's entries
+        relative = os.path.relpath(root, final)
+        assert os.path.normpath(os.path.join(tmp_dir.group(1), relative)) in synced_before, root
     synced_after = [
-        args for name, args in calls[rename_at + 1 :] if name == "fsync" and f"<{prefix}>" in args
+        c for c in calls if c.began > rename.ended and c.name == "fsync" and f"<{prefix}>" in c.args
     ]
     assert synced_after, "db_prefix was not fsynced after the commit rename"
+
+
+def test_parse_strace_joins_calls_that_other_threads_interrupted():
+    """An <unfinished ...> start and its <... resumed> end on the same pid are one call."""
+    log = "\n".join(
+        [
+            "10 fsync(5</d/a> <unfinished ...>",
+            "11 fsync(6</d/b>) = 0",
+            '12 renameat2(AT_FDCWD, "/d", AT_FDCWD, "/e", RENAME_NOREPLACE <unfinished ...>',
+            "10 <... fsync resumed>) = 0",
+            "12 <... renameat2 resumed>) = 0",
+            "[pid    13] fsync(7</e>) = 0",
+            "13 fsync(8</missing>) = -1 EBADF (Bad file descriptor)",
+        ]
+    )
+    calls = parse_strace(log)
+    assert [(c.name, c.args.split(",")[0], c.began, c.ended) for c in calls] == [
+        ("fsync", "5</d/a>", 0, 3),
+        ("fsync", "6</d/b>", 1, 1),
+        ("renameat2", "AT_FDCWD", 2, 4),
+        ("fsync", "7</e>", 5, 5),
+    ]
+    rename = calls[2]
+    assert calls[0].ended > rename.began  # still running when the rename began: not "before" it
+
+
+def test_tensorstore_skips_its_own_fsyncs_only_where_the_commit_flushes_everything(tmp_path):
+    """Under a DurableRename temporary directory, until its commit; elsewhere Orbax is untouched."""
+
+    def skips_fsync(directory):
+        spec = tensorstore_utils.build_kvstore_tspec(str(directory), use_ocdbt=True)
+        return '"file_io_sync": false' in json.dumps(spec)
+
+    temporary = orbax_adapter.DurableRename.from_final(epath.Path(tmp_path / "local.0"))
+    assert not skips_fsync(temporary.get() / "state")
+    asyncio.run(temporary.create())
+    assert skips_fsync(temporary.get() / "state")
+    assert not skips_fsync(tmp_path / "elsewhere")
+    asyncio.run(temporary.finalize())
+    assert (tmp_path / "local.0" / "commit_success.txt").exists()
+    assert not skips_fsync(temporary.get() / "state")

@@ -199,3 +199,22 @@ def test_fs_normalize_examples():
     assert os.path.isabs(fs.normalize("runs/x"))
     with pytest.raises(TypeError, match="db_prefix must be a non-empty path"):
         fs.normalize("", "db_prefix")
+
+
+def test_fs_append_text_creates_appends_and_isolates_a_torn_line(tmp_path):
+    """Appends start on a new line even after a crash tore the last one; fsync_tree counts all."""
+    path = str(tmp_path / "log.jsonl")
+    fs.append_text(path, '{"epoch": 0}\n')
+    fs.append_text(path, '{"epoch": 1}\n')
+    with open(path, "a") as f:
+        f.write('{"epo')  # a crash in the middle of an append
+    fs.append_text(path, '{"epoch": 2}\n')
+    assert (tmp_path / "log.jsonl").read_text().splitlines() == [
+        '{"epoch": 0}',
+        '{"epoch": 1}',
+        '{"epo',
+        '{"epoch": 2}',
+    ]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("x")
+    assert fs.fsync_tree(str(tmp_path)) == 4  # two files, two directories
