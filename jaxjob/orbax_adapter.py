@@ -28,6 +28,12 @@ here, so an Orbax upgrade is checked in one module:
   inside Orbax's write, so they commit with the checkpoint. The JSON handler
   writes on the primary host only and has no hook for that; its private
   ``_save_fn`` is overridden.
+* **Restore without a second copy on CPU** (:func:`_read_shard`). Orbax reads each
+  shard into a fresh NumPy buffer and ``jax.device_put`` s it; NumPy aligns large
+  buffers to 16 bytes, XLA's CPU client needs 64 to use one in place, so every
+  restored byte was copied once more (time, and 1.6-1.7x the workspace in peak
+  RSS). The buffer is allocated 64-byte aligned instead; Orbax has no option
+  for it, and ``_read_shard`` is private.
 * **The coordination-service client** of ``jax.distributed``, for jaxjob's
   cross-process waits: JAX has no public accessor (Orbax reads it the same way).
 """
@@ -48,10 +54,11 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorstore as ts
 from etils import epath
 from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
 from orbax.checkpoint._src.path import async_path, atomicity
-from orbax.checkpoint._src.serialization import tensorstore_utils
+from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
 
 from jaxjob import fs
 
@@ -233,6 +240,49 @@ def _kvstore_tspec(directory: Any, name: str | None = None, **kwargs: Any) -> di
 
 
 tensorstore_utils.build_kvstore_tspec = _kvstore_tspec
+
+
+# ---- restore buffers ------------------------------------------------------------------------
+
+_ALIGN = 64  # bytes: what XLA's CPU client needs to use a host buffer in place
+
+
+def aligned_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """A zeroed C-order array whose data starts on a 64-byte boundary.
+
+    Example:
+        >>> aligned_zeros((3, 5), "float32").ctypes.data % 64, aligned_zeros((3, 5), "f4").shape
+        (0, (3, 5))
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.zeros(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(tuple(shape))
+
+
+async def _read_shard(
+    t: Any,
+    *,
+    new_shard_shape: Sequence[int],
+    dtype: Any,
+    requested_domain: Any,
+    restricted_domain: Any,
+) -> np.ndarray:
+    """Orbax's ``serialization._read_shard``, reading into a 64-byte aligned buffer.
+
+    ``jax.device_put`` of the result onto a CPU device then uses the buffer in
+    place rather than copying it (on an accelerator it is copied as before).
+    """
+    out = aligned_zeros(new_shard_shape, t.dtype.numpy_dtype)
+    target = ts.array(out)[ts.d[:].translate_to[requested_domain.origin]][restricted_domain]
+    await target.write(t[restricted_domain])
+    if dtype is not None:
+        out = await asyncio.to_thread(out.astype, dtype, copy=False)
+    return out
+
+
+serialization._read_shard = _read_shard
 
 
 # ---- checksum files ------------------------------------------------------------------------
