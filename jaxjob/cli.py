@@ -80,13 +80,39 @@ def _launch(commands) -> None:
         help="run N local processes of one jax.distributed job",
         description="jaxjob launch -n N [--devices-per-process M] -- python script.py ...",
     )
-    command.add_argument("-n", "--num-processes", type=int, required=True)
-    command.add_argument("--devices-per-process", type=int, default=None)
+    command.add_argument(
+        "-n",
+        "--num-processes",
+        type=int,
+        required=True,
+        metavar="N",
+        help="how many processes to start on this machine; process i gets JAXJOB_PROCESS_ID=i "
+        "and all join one jax.distributed job through a coordinator on 127.0.0.1",
+    )
+    command.add_argument(
+        "--devices-per-process",
+        type=int,
+        default=None,
+        metavar="M",
+        help="fake M CPU devices in each process (XLA_FLAGS="
+        "--xla_force_host_platform_device_count=M), e.g. to try a mesh on a laptop; default: "
+        "the platform's own devices",
+    )
     command.add_argument("program", nargs=argparse.REMAINDER, help="-- then the command to run")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jaxjob")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "unknown (not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxjob", description="jaxjob command line")
+    parser.add_argument("--version", action="version", version=f"jaxjob {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (_ls, _show, _export, _verify, _launch):
         add(commands)

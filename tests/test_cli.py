@@ -41,6 +41,25 @@ def test_help_imports_neither_jax_nor_orbax():
         assert f"{command} " in proc.stdout or f"jaxjob {command}" in proc.stdout
 
 
+def test_version_prints_the_installed_version(capsys):
+    """`jaxjob --version` prints the installed distribution's version and exits 0."""
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.strip() == f"jaxjob {version('jaxjob')}"
+
+
+def test_launch_help_explains_its_options(capsys):
+    """`jaxjob launch --help` says what -n and --devices-per-process do."""
+    with pytest.raises(SystemExit):
+        cli.main(["launch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "how many processes to start on this machine" in text
+    assert "--xla_force_host_platform_device_count=M" in text
+
+
 def _run_job(prefix):
     """A small real job: 12 layers, bfloat16 embeddings, adam state, a PRNG key; 2 epochs."""
     tx = optax.adam(1e-2)

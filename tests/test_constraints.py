@@ -1,6 +1,7 @@
 """CI installs reproducibly: constraints.txt pins everything jaxjob[test] needs, and no torch."""
 
 import os
+import re
 
 import pytest
 from packaging.requirements import Requirement
@@ -45,9 +46,41 @@ def test_torch_is_neither_pinned_nor_required_by_test():
     assert "torch" not in {canonicalize_name(r.name) for r in _required()}
 
 
-def test_ci_installs_with_the_constraints_file():
-    """.ci/run exports PIP_CONSTRAINT to the repository's constraints.txt before installing."""
+def _readme_commands():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    section = text[text.index("## Two commands") : text.index("## A job in 20 lines")]
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+def test_readme_has_two_commands_that_install_with_the_constraints():
+    """The README's set-up is two commands, each installing with -c constraints.txt."""
+    commands = _readme_commands()
+    assert len(commands) == 2, commands
+    assert "examples/digits.py" in commands[0] and "pytest" in commands[1]
+    for command in commands:
+        assert "\n" not in command, command
+        assert command.startswith("python -m pip install -c constraints.txt -e "), command
+
+
+def test_ci_runs_the_readme_commands_as_printed_in_a_new_venv():
+    """.ci/run makes a new venv and runs the README's two commands verbatim, pip untouched first."""
     with open(os.path.join(ROOT, ".ci", "run")) as f:
-        script = f.read()
-    assert 'export PIP_CONSTRAINT="$PWD/constraints.txt"' in script
-    assert script.index("PIP_CONSTRAINT") < script.index("pip install")
+        lines = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    commands = _readme_commands()
+    first = lines.index(commands[0])
+    assert lines[first + 1] == commands[1]
+    before = "\n".join(lines[:first])
+    assert "python3 -m venv .venv" in before and ". .venv/bin/activate" in before
+    assert "PIP_CONSTRAINT" not in before and not re.search(r"\bpip\b", before), before
+
+
+def test_every_requirement_has_an_upper_bound():
+    """No core, extra or test requirement is open-ended: a new release cannot break a fresh install."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    groups = {"core": project["dependencies"], **project["optional-dependencies"]}
+    for group, requirements in groups.items():
+        for text in requirements:
+            specs = Requirement(text).specifier
+            assert any(s.operator in ("<", "<=", "==", "~=") for s in specs), (group, text)
