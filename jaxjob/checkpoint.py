@@ -192,6 +192,10 @@ class CheckpointManager(ManagerCore):
         """``[node_name]``."""
         return [self._node_name]
 
+    def _own_nodes(self) -> list[str]:
+        """``[node_name]``: every node's leaves are saved under it."""
+        return [self._node_name]
+
     def has_pending(self) -> bool:
         """Whether a save of this process is in flight."""
         return self._pending is not None

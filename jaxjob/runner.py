@@ -462,6 +462,12 @@ class JobRunner:
                 self._on_save_failure(_as_save_error(epoch, where, err))
             else:
                 raise
+        self._metadata_failures()
+
+    def _metadata_failures(self) -> None:
+        """Hands each metadata record that failed (EIO, ENOSPC, ...) to ``on_save_error``."""
+        for err in self.checkpoint_manager.take_metadata_failures():
+            self._on_save_failure(err)
 
     def _on_save_failure(self, err: CheckpointSaveError) -> None:
         self.save_errors.append(err)
@@ -479,6 +485,7 @@ class JobRunner:
             self.checkpoint_manager.wait_until_finished()
         except CheckpointSaveError as err:
             self._on_save_failure(err)
+        self._metadata_failures()
 
     def _complete_pending_after_error(self) -> None:
         """Completes this process's saves in flight, without waiting on other processes."""
