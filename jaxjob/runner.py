@@ -430,7 +430,8 @@ class JobRunner:
         """Saves the session's persistent workspace as checkpoint ``epoch``.
 
         A failure follows ``on_save_error``. A failure of the previous
-        epoch's background write surfaces here too. In a multi-process job,
+        epoch's background write, or of its metadata record (EIO, ENOSPC on
+        the metadata handler's file), surfaces here too. In a multi-process job,
         call it on every process: a failure on any process is seen by all.
         The metadata handler's ``cp_accessible()``, the save and its stats
         report take one exchange with the other processes in all (the save's).
