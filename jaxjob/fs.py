@@ -52,8 +52,10 @@ __all__ = [
     "require_backend",
     "rename",
     "rmtree",
+    "set_storage_timeout",
     "size",
     "storage_timeout_s",
+    "transfer_bound_s",
     "writable",
     "write_text",
 ]
@@ -61,6 +63,9 @@ __all__ = [
 REMOTE_SCHEMES = ("gs://", "s3://")
 STORAGE_TIMEOUT_ENV = "JAXJOB_STORAGE_TIMEOUT_S"
 DEFAULT_STORAGE_TIMEOUT_S = 120.0
+# The slowest an object store may move a checkpoint's bytes before a save or restore of it
+# fails: far below any real store, so only a store that stopped answering reaches the bound.
+MIN_TRANSFER_BYTES_S = float(1 << 20)
 # scheme -> (the module fsspec needs, the extra that installs it, the endpoint variables, default)
 _BACKENDS = {
     "gs://": ("gcsfs", "gcs", ("STORAGE_EMULATOR_HOST",), "https://storage.googleapis.com"),
@@ -82,8 +87,31 @@ class StorageTimeoutError(TimeoutError):
     """An object-store endpoint did not answer within :func:`storage_timeout_s`."""
 
 
-def storage_timeout_s() -> float:
-    """How long one object-store operation may take: ``$JAXJOB_STORAGE_TIMEOUT_S``, default 120.
+# db_prefix -> seconds, from the managers' ``storage_timeout_s=`` (the longest prefix wins)
+_prefix_timeouts: dict[str, float] = {}
+_prefix_lock = threading.Lock()
+
+
+def set_storage_timeout(prefix: str, seconds: float) -> None:
+    """Bounds every object-store operation under ``prefix`` by ``seconds`` (a manager's option).
+
+    Raises:
+        ValueError: If ``seconds`` is not a positive, finite number.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"storage_timeout_s must be a positive number of seconds, got {seconds!r}")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"storage_timeout_s must be a positive number of seconds, got {seconds!r}")
+    with _prefix_lock:
+        _prefix_timeouts[prefix.rstrip("/")] = float(seconds)
+
+
+def storage_timeout_s(path: str | None = None) -> float:
+    """How long one object-store operation on ``path`` may take.
+
+    The ``storage_timeout_s=`` of the manager whose ``db_prefix`` holds
+    ``path`` (:func:`set_storage_timeout`), else ``$JAXJOB_STORAGE_TIMEOUT_S``,
+    else 120 s.
 
     Raises:
         ValueError: If the variable is set to anything but a positive number of seconds.
@@ -92,6 +120,11 @@ def storage_timeout_s() -> float:
         >>> storage_timeout_s() > 0
         True
     """
+    if path is not None:
+        with _prefix_lock:
+            matches = [p for p in _prefix_timeouts if path == p or path.startswith(p + "/")]
+            if matches:
+                return _prefix_timeouts[max(matches, key=len)]
     text = os.environ.get(STORAGE_TIMEOUT_ENV)
     if not text:
         return DEFAULT_STORAGE_TIMEOUT_S
@@ -104,6 +137,20 @@ def storage_timeout_s() -> float:
             f"{STORAGE_TIMEOUT_ENV} must be a positive number of seconds, got {text!r}"
         )
     return value
+
+
+def transfer_bound_s(path: str, nbytes: int) -> float:
+    """How long moving ``nbytes`` to or from ``path``'s object store may take.
+
+    :func:`storage_timeout_s` plus the bytes at :data:`MIN_TRANSFER_BYTES_S`
+    (1 MiB/s): a save or restore on an object store that stops answering
+    fails by then.
+
+    Example:
+        >>> transfer_bound_s("gs://b/run", 0) == storage_timeout_s("gs://b/run")
+        True
+    """
+    return storage_timeout_s(path) + nbytes / MIN_TRANSFER_BYTES_S
 
 
 def endpoint(path: str) -> str:
@@ -135,10 +182,11 @@ def require_backend(path: str) -> None:
     _checked.add(scheme)
 
 
-def bounded(path: str, what: str, call: Callable[[], _T]) -> _T:
+def bounded(path: str, what: str, call: Callable[[], _T], *, timeout_s: float | None = None) -> _T:
     """``call()``, or :class:`StorageTimeoutError` if ``path`` is remote and it outlasts the bound.
 
-    On local disk ``call`` runs here. For an object store it runs in a
+    The bound is ``timeout_s``, by default :func:`storage_timeout_s` of
+    ``path``. On local disk ``call`` runs here. For an object store it runs in a
     daemon thread (a client stuck on a silent endpoint cannot be cancelled:
     it is left behind, and cannot keep the interpreter from exiting).
 
@@ -149,7 +197,8 @@ def bounded(path: str, what: str, call: Callable[[], _T]) -> _T:
     if not is_remote(path):
         return call()
     require_backend(path)
-    timeout_s = storage_timeout_s()
+    if timeout_s is None:
+        timeout_s = storage_timeout_s(path)
     outcome: list[Any] = []
     done = threading.Event()
 
@@ -166,7 +215,7 @@ def bounded(path: str, what: str, call: Callable[[], _T]) -> _T:
         raise StorageTimeoutError(
             f"the object store at {endpoint(path)} did not answer {what} of {path!r} within "
             f"{timeout_s:g} s; check the endpoint and the network, or set "
-            f"{STORAGE_TIMEOUT_ENV} to wait longer"
+            f"storage_timeout_s= (or {STORAGE_TIMEOUT_ENV}) to wait longer"
         )
     ok, value = outcome[0]
     if not ok:

@@ -80,6 +80,11 @@ class CheckpointOptions:
         host_map: For resuming host-local leaves (NumPy arrays, scalars) on a
             different process count: for each process of this job, the saved
             process whose copy it gets (a callable or a sequence).
+        storage_timeout_s: On ``gs://`` and ``s3://``: how long one
+            object-store operation may take before the save (or restore)
+            fails naming the endpoint; a save or restore of the arrays may
+            take that plus their bytes at 1 MiB/s. None:
+            ``$JAXJOB_STORAGE_TIMEOUT_S``, else 120 s.
 
     Example:
         >>> import jaxjob
@@ -93,6 +98,7 @@ class CheckpointOptions:
     timeout_s: float = hosts.DEFAULT_TIMEOUT_S
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     host_map: HostMap | None = None
+    storage_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.async_save, bool):
@@ -101,6 +107,14 @@ class CheckpointOptions:
         object.__setattr__(
             self, "write_timeout_s", _seconds(self.write_timeout_s, "write_timeout_s")
         )
+        if self.storage_timeout_s is not None:
+            seconds = _seconds(self.storage_timeout_s, "storage_timeout_s")
+            if seconds == float("inf"):
+                raise ValueError(
+                    "storage_timeout_s must be a positive number of seconds (None: "
+                    f"${fs.STORAGE_TIMEOUT_ENV} or 120), got {self.storage_timeout_s!r}"
+                )
+            object.__setattr__(self, "storage_timeout_s", seconds)
         if self.host_map is not None and not isinstance(self.host_map, Callable | Sequence):
             raise ValueError(
                 f"host_map must be None, a callable or a sequence of process indices, got "
@@ -192,6 +206,8 @@ class ManagerCore:
     ) -> None:
         self._keep = keep_lib.normalize(keep)
         self._db_prefix = fs.normalize(db_prefix, "db_prefix")
+        if options.storage_timeout_s is not None:
+            fs.set_storage_timeout(self._db_prefix, options.storage_timeout_s)
         local = not fs.is_remote(self._db_prefix)
         if local and fs.exists(self._db_prefix) and not fs.is_dir(self._db_prefix):
             raise NotADirectoryError(

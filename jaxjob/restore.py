@@ -189,6 +189,8 @@ def _restore_listed(request: _Request, dirs: list[str], retries: int = _RETRIES)
     """
     try:
         return _read(request, dirs)
+    except fs.StorageTimeoutError:
+        raise  # a silent store: listing it again would wait again
     except (CorruptCheckpointError, OSError) as err:
         gone = [d for d in dirs if not is_committed(d)]
         if not gone:

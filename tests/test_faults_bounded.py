@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import socket
 import subprocess
@@ -236,3 +237,123 @@ def test_custom_handler_resumes_a_node_job_saved_under_the_managers_node(tmp_pat
     ckpt = jaxjob.CheckpointManager(prefix, "n", metadata_handler=ReturnsTwo())
     assert jaxjob.JobRunner(job(), ckpt).train(session) == 3
     assert float(session.workspace["x"]) == 3.0
+
+
+# A TCP proxy on 127.0.0.1 in front of the real moto server, run inside the child (so that
+# s3fs, etils and TensorStore all reach it): SILENT.set() makes it a black hole (new
+# connections are held, bytes on open ones dropped); SILENT.clear() passes traffic again,
+# closing the connections it black-holed so that the clients reconnect.
+PROXY = """
+import json, os, socket, sys, threading, time
+UPSTREAM = os.environ["UPSTREAM"].rsplit(":", 1)
+SILENT = threading.Event()
+conns, spoiled = [], []
+guard = threading.Lock()
+
+def pump(src, dst):
+    try:
+        while data := src.recv(65536):
+            if SILENT.is_set():
+                with guard:
+                    spoiled.extend((src, dst))
+                continue
+            dst.sendall(data)
+    except OSError:
+        pass
+    for s in (src, dst):
+        try:
+            s.close()
+        except OSError:
+            pass
+
+def accept(server):
+    while True:
+        client = server.accept()[0]
+        with guard:
+            conns.append(client)
+        if SILENT.is_set():
+            with guard:
+                spoiled.append(client)
+            continue
+        up = socket.create_connection((UPSTREAM[0].split("//")[-1], int(UPSTREAM[1])))
+        threading.Thread(target=pump, args=(client, up), daemon=True).start()
+        threading.Thread(target=pump, args=(up, client), daemon=True).start()
+
+def speak():
+    SILENT.clear()
+    with guard:
+        for s in spoiled:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+        spoiled.clear()
+
+server = socket.create_server(("127.0.0.1", 0))
+threading.Thread(target=accept, args=(server,), daemon=True).start()
+os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{server.getsockname()[1]}"
+print("ENDPOINT", os.environ["AWS_ENDPOINT_URL"], flush=True)
+"""
+
+SILENT_AFTER_COMMIT = """
+import jax.numpy as jnp, jaxjob
+job = jaxjob.Job()
+job.init_group.add(lambda ws: {"x": jnp.arange(4.0)})
+ckpt = jaxjob.CheckpointManager(PREFIX, storage_timeout_s=TIMEOUT, async_save=ASYNC)
+ckpt.set_params(nodes=["local"])
+session = jaxjob.Session()
+session.run(job.init_group)
+runner = jaxjob.JobRunner(job, ckpt, on_save_error=POLICY)
+runner.save_checkpoints(0, session)
+ckpt.wait_until_finished()
+print("COMMITTED", ckpt.committed_epochs(), flush=True)
+SILENT.set()  # the store goes silent after the lock is taken and epoch 0 committed
+started = time.perf_counter()
+try:
+    runner.save_checkpoints(1, session)
+    runner._finish_saves()  # the end of train: a failed background write goes to the policy
+    print("WARNED", json.dumps([str(e) for e in runner.save_errors]), flush=True)
+except jaxjob.CheckpointSaveError as err:
+    print("RAISED", json.dumps([str(err)]), flush=True)
+print("SECONDS", time.perf_counter() - started, flush=True)
+speak()
+print("RESTORED", jaxjob.restore(PREFIX, epoch=0)["x"].tolist(), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("policy", "async_save"), [("warn", True), ("raise", True), ("warn", False)]
+)
+def test_store_silent_after_the_lock_fails_the_save_within_the_bound(
+    cloud_servers, s3_prefix, policy, async_save
+):
+    """An s3 store going silent after epoch 0 committed: epoch 1 fails in time, 0 still restores.
+
+    The silence covers Orbax's directory calls and TensorStore's writes, not
+    only jaxjob's own listing and lock calls: the background write (async)
+    or Orbax's synchronous save (``async_save=False``).
+    """
+    timeout = 3.0
+    env = _child_env(
+        UPSTREAM=os.environ["AWS_ENDPOINT_URL"],
+        AWS_ACCESS_KEY_ID="test",
+        AWS_SECRET_ACCESS_KEY="test",
+        AWS_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+        EPATH_USE_TF="false",
+    )
+    script = PROXY + SILENT_AFTER_COMMIT.replace("POLICY", repr(policy))
+    script = script.replace("PREFIX", repr(s3_prefix)).replace("TIMEOUT", repr(timeout))
+    script = script.replace("ASYNC", repr(async_save))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert lines["COMMITTED"] == "[0]"
+    errors = json.loads(lines["WARNED" if policy == "warn" else "RAISED"])
+    assert len(errors) == 1 and "epoch 1" in errors[0], errors
+    assert lines["ENDPOINT"] in errors[0] and "did not answer" in errors[0], errors
+    assert float(lines["SECONDS"]) < 2 * timeout + 5, lines["SECONDS"]
+    assert lines["RESTORED"] == "[0.0, 1.0, 2.0, 3.0]"
