@@ -683,7 +683,9 @@ class CheckpointManager(ManagerCore):
         if pending is None:
             return None
         try:
-            if isinstance(self._saver, ocp.AsyncCheckpointer):
+            if isinstance(self._saver, ocp.AsyncCheckpointer) and pending.deadline is None:
+                self._saver.wait_until_finished()
+            elif isinstance(self._saver, ocp.AsyncCheckpointer):  # on an object store
                 storage.wait_bounded(self._saver, pending.db, pending.deadline)
         except Exception as err:
             if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
