@@ -37,6 +37,7 @@ class _Pending:
     db: str
     started: float
     superseded: str | None = None
+    deadline: float | None = None  # on object stores: when its background write has failed
 
 
 @dataclasses.dataclass
@@ -104,6 +105,13 @@ class CheckpointManager(ManagerCore):
             different process count: for each process of this job, the saved
             process whose copy it gets (a callable or a sequence). Without
             it, a process-count change with host-local leaves is an error.
+        storage_timeout_s: On ``gs://`` and ``s3://``: how long one
+            object-store operation (a listing, the lock, Orbax's directory
+            calls, TensorStore's requests) may take before the save, restore
+            or load fails with a ``TimeoutError`` naming the endpoint, under
+            the runner's ``on_save_error``; the write or read of the arrays
+            may take that plus their bytes at 1 MiB/s. None:
+            ``$JAXJOB_STORAGE_TIMEOUT_S``, else 120 s.
         owner_process: Makes this node's checkpoints private to one process
             (the caffe2 style, where each process runs its own node): only
             that process saves them, any process may read them, and neither
@@ -151,6 +159,7 @@ class CheckpointManager(ManagerCore):
         timeout_s: float = hosts.DEFAULT_TIMEOUT_S,
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
+        storage_timeout_s: float | None = None,
         owner_process: int | None = None,
         keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
     ) -> None:
@@ -159,6 +168,7 @@ class CheckpointManager(ManagerCore):
             timeout_s=timeout_s,
             write_timeout_s=write_timeout_s,
             host_map=host_map,
+            storage_timeout_s=storage_timeout_s,
         )
         super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep)
         self.owner_process = check_owner(owner_process)
@@ -190,6 +200,10 @@ class CheckpointManager(ManagerCore):
 
     def node_names(self) -> list[str]:
         """``[node_name]``."""
+        return [self._node_name]
+
+    def _own_nodes(self) -> list[str]:
+        """``[node_name]``: every node's leaves are saved under it."""
         return [self._node_name]
 
     def has_pending(self) -> bool:
@@ -621,10 +635,11 @@ class CheckpointManager(ManagerCore):
         try:
             args = storage.save_args(plan.encoded, plan.found)
             logger.debug("Saving epoch %d to %s", epoch, path)
-            self._get_saver().save(path, args=args)
+            pending.deadline = storage.start_bounded(self._get_saver(), path, args, plan.bytes)
         except Exception as err:
-            self._remove_failed(path)
-            _put_back(path, pending)
+            if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
+                self._remove_failed(path)
+                _put_back(path, pending)
             return self._record_failure(epoch, path, err)
         self._pending = pending
         self._blob_names = plan.found.state_keys
@@ -668,11 +683,14 @@ class CheckpointManager(ManagerCore):
         if pending is None:
             return None
         try:
-            if isinstance(self._saver, ocp.AsyncCheckpointer):
+            if isinstance(self._saver, ocp.AsyncCheckpointer) and pending.deadline is None:
                 self._saver.wait_until_finished()
+            elif isinstance(self._saver, ocp.AsyncCheckpointer):  # on an object store
+                storage.wait_bounded(self._saver, pending.db, pending.deadline)
         except Exception as err:
-            self._remove_failed(pending.db)
-            _put_back(pending.db, pending)
+            if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
+                self._remove_failed(pending.db)
+                _put_back(pending.db, pending)
             self._flush_metadata(committed=False)
             return self._record_failure(pending.epoch, pending.db, err)
         if pending.superseded:
@@ -681,6 +699,17 @@ class CheckpointManager(ManagerCore):
             self._current_stats["commit_s"] = time.perf_counter() - pending.started
         self._flush_metadata(committed=True)
         return None
+
+    def _abandon_saver(self, err: Exception) -> bool:
+        """After an object store stopped answering: drops the stuck Orbax saver; whether it did.
+
+        Its threads wait on the store and cannot be cancelled; the next save
+        makes a new saver, and the lock sweep removes what this one left.
+        """
+        if not isinstance(err, fs.StorageTimeoutError):
+            return False
+        self._saver = None
+        return True
 
     def _remove_failed(self, path: str) -> None:
         if self._deletes():

@@ -3,7 +3,8 @@
 Parsing and ``--help`` import neither JAX nor Orbax; each subcommand imports
 what it needs when it runs (:mod:`jaxjob.commands`, :mod:`jaxjob.launch`). A
 user mistake (a missing directory, an unknown epoch, a pattern matching
-nothing) is one line on stderr and exit status 2, never a traceback.
+nothing, a ``gs://`` or ``s3://`` path without its extra installed) is one
+line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -155,6 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run()
     except USER_ERRORS as err:
+        print(f"jaxjob {args.command}: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except ImportError as err:
+        from jaxjob.fs import MissingExtraError  # imported by the command that raised
+
+        if not isinstance(err, MissingExtraError):
+            raise
         print(f"jaxjob {args.command}: {_one_line(err)}", file=sys.stderr)
         return 2
 

@@ -7,6 +7,14 @@ cannot write to, so a ``db_prefix`` never silently becomes a local directory
 named ``gs:``. Object stores have no directories, appends or atomic renames:
 callers use one object per record and Orbax's commit file instead.
 
+Object stores answer within a bound: every remote operation here fails
+with :class:`StorageTimeoutError` (a ``TimeoutError``) naming the endpoint
+when it takes longer than :func:`storage_timeout_s` (the environment
+variable ``JAXJOB_STORAGE_TIMEOUT_S``, default 120 s), so an endpoint that
+accepts connections and never answers fails a save instead of hanging it.
+A missing backend (``gcsfs``, ``s3fs``) raises :class:`MissingExtraError`
+naming the extra to install.
+
 Durability on local disk: :func:`fsync_tree` and :func:`fsync_dir` flush
 files and directory entries to stable storage; object stores make an object
 durable when its upload returns.
@@ -17,13 +25,19 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from etils import epath
 
 __all__ = [
     "REMOTE_SCHEMES",
+    "STORAGE_TIMEOUT_ENV",
+    "MissingExtraError",
+    "StorageTimeoutError",
     "append_text",
+    "bounded",
+    "endpoint",
     "exists",
     "fsync_dir",
     "fsync_tree",
@@ -35,14 +49,178 @@ __all__ = [
     "normalize",
     "read_text",
     "remove",
+    "require_backend",
     "rename",
     "rmtree",
+    "set_storage_timeout",
     "size",
+    "storage_timeout_s",
+    "transfer_bound_s",
     "writable",
     "write_text",
 ]
 
 REMOTE_SCHEMES = ("gs://", "s3://")
+STORAGE_TIMEOUT_ENV = "JAXJOB_STORAGE_TIMEOUT_S"
+DEFAULT_STORAGE_TIMEOUT_S = 120.0
+# The slowest an object store may move a checkpoint's bytes before a save or restore of it
+# fails: far below any real store, so only a store that stopped answering reaches the bound.
+MIN_TRANSFER_BYTES_S = float(1 << 20)
+# scheme -> (the module fsspec needs, the extra that installs it, the endpoint variables, default)
+_BACKENDS = {
+    "gs://": ("gcsfs", "gcs", ("STORAGE_EMULATOR_HOST",), "https://storage.googleapis.com"),
+    "s3://": (
+        "s3fs",
+        "s3",
+        ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+        "https://s3.amazonaws.com",
+    ),
+}
+_T = TypeVar("_T")
+
+
+class MissingExtraError(ImportError):
+    """A ``gs://`` or ``s3://`` path was used without the package that reaches it."""
+
+
+class StorageTimeoutError(TimeoutError):
+    """An object-store endpoint did not answer within :func:`storage_timeout_s`."""
+
+
+# db_prefix -> seconds, from the managers' ``storage_timeout_s=`` (the longest prefix wins)
+_prefix_timeouts: dict[str, float] = {}
+_prefix_lock = threading.Lock()
+
+
+def set_storage_timeout(prefix: str, seconds: float) -> None:
+    """Bounds every object-store operation under ``prefix`` by ``seconds`` (a manager's option).
+
+    Raises:
+        ValueError: If ``seconds`` is not a positive, finite number.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"storage_timeout_s must be a positive number of seconds, got {seconds!r}")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"storage_timeout_s must be a positive number of seconds, got {seconds!r}")
+    with _prefix_lock:
+        _prefix_timeouts[prefix.rstrip("/")] = float(seconds)
+
+
+def storage_timeout_s(path: str | None = None) -> float:
+    """How long one object-store operation on ``path`` may take.
+
+    The ``storage_timeout_s=`` of the manager whose ``db_prefix`` holds
+    ``path`` (:func:`set_storage_timeout`), else ``$JAXJOB_STORAGE_TIMEOUT_S``,
+    else 120 s.
+
+    Raises:
+        ValueError: If the variable is set to anything but a positive number of seconds.
+
+    Example:
+        >>> storage_timeout_s() > 0
+        True
+    """
+    if path is not None:
+        with _prefix_lock:
+            matches = [p for p in _prefix_timeouts if path == p or path.startswith(p + "/")]
+            if matches:
+                return _prefix_timeouts[max(matches, key=len)]
+    text = os.environ.get(STORAGE_TIMEOUT_ENV)
+    if not text:
+        return DEFAULT_STORAGE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise ValueError(
+            f"{STORAGE_TIMEOUT_ENV} must be a positive number of seconds, got {text!r}"
+        )
+    return value
+
+
+def transfer_bound_s(path: str, nbytes: int) -> float:
+    """How long moving ``nbytes`` to or from ``path``'s object store may take.
+
+    :func:`storage_timeout_s` plus the bytes at :data:`MIN_TRANSFER_BYTES_S`
+    (1 MiB/s): a save or restore on an object store that stops answering
+    fails by then.
+
+    Example:
+        >>> transfer_bound_s("gs://b/run", 0) == storage_timeout_s("gs://b/run")
+        True
+    """
+    return storage_timeout_s(path) + nbytes / MIN_TRANSFER_BYTES_S
+
+
+def endpoint(path: str) -> str:
+    """The URL of the object store holding ``path``, as its client is configured."""
+    _, _, variables, default = _BACKENDS[path[: path.index("://") + 3]]
+    return next((os.environ[v] for v in variables if os.environ.get(v)), default)
+
+
+_checked: set[str] = set()
+
+
+def require_backend(path: str) -> None:
+    """Checks that the package reaching ``path``'s object store can be imported.
+
+    Raises:
+        MissingExtraError: Naming the extra to install (``pip install "jaxjob[gcs]"``).
+    """
+    scheme = path[: path.index("://") + 3]
+    if scheme in _checked:
+        return
+    module, extra, _, _ = _BACKENDS[scheme]
+    try:
+        __import__(module)
+    except ImportError as err:
+        raise MissingExtraError(
+            f"{path!r} needs the {module} package, which is not installed: "
+            f'pip install "jaxjob[{extra}]"'
+        ) from err
+    _checked.add(scheme)
+
+
+def bounded(path: str, what: str, call: Callable[[], _T], *, timeout_s: float | None = None) -> _T:
+    """``call()``, or :class:`StorageTimeoutError` if ``path`` is remote and it outlasts the bound.
+
+    The bound is ``timeout_s``, by default :func:`storage_timeout_s` of
+    ``path``. On local disk ``call`` runs here. For an object store it runs in a
+    daemon thread (a client stuck on a silent endpoint cannot be cancelled:
+    it is left behind, and cannot keep the interpreter from exiting).
+
+    Raises:
+        StorageTimeoutError: Naming the operation, the path and the endpoint.
+        MissingExtraError: If the object store's package is not installed.
+    """
+    if not is_remote(path):
+        return call()
+    require_backend(path)
+    if timeout_s is None:
+        timeout_s = storage_timeout_s(path)
+    outcome: list[Any] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as err:  # handed to the caller, re-raised there
+            outcome.append((False, err))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"jaxjob-storage-{what}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise StorageTimeoutError(
+            f"the object store at {endpoint(path)} did not answer {what} of {path!r} within "
+            f"{timeout_s:g} s; check the endpoint and the network, or set "
+            f"storage_timeout_s= (or {STORAGE_TIMEOUT_ENV}) to wait longer"
+        )
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def normalize(path: Any, argument: str = "path") -> str:
@@ -94,28 +272,29 @@ def _p(path: str) -> epath.Path:
 
 def exists(path: str) -> bool:
     """Whether a file, object or directory (prefix) exists at ``path``."""
-    return _p(path).exists()
+    return bounded(path, "exists", _p(path).exists)
 
 
 def is_dir(path: str) -> bool:
     """Whether ``path`` is a directory (on object stores: a non-empty prefix)."""
-    return _p(path).is_dir()
+    return bounded(path, "is_dir", _p(path).is_dir)
 
 
 def listdir(path: str) -> list[str]:
     """Names directly under ``path``; empty if it does not exist or is not a directory."""
     try:
-        return sorted(p.name for p in _p(path).iterdir())
+        return bounded(path, "a listing", lambda: sorted(p.name for p in _p(path).iterdir()))
     except (FileNotFoundError, NotADirectoryError):
         return []
 
 
 def size(path: str) -> int:
     """Bytes of the files under the directory (or prefix) ``path``."""
-    total = 0
-    for child in _p(path).iterdir():
-        total += size(os.fspath(child)) if child.is_dir() else child.stat().length
-    return total
+    return bounded(path, "a listing", lambda: _size(_p(path)))
+
+
+def _size(path: epath.Path) -> int:
+    return sum(_size(c) if c.is_dir() else c.stat().length for c in path.iterdir())
 
 
 def makedirs(path: str) -> None:
@@ -126,12 +305,12 @@ def makedirs(path: str) -> None:
 
 def rmtree(path: str) -> None:
     """Removes the directory (or prefix) ``path`` and everything under it."""
-    _p(path).rmtree()
+    bounded(path, "a removal", _p(path).rmtree)
 
 
 def remove(path: str) -> None:
     """Removes the file or object at ``path``."""
-    _p(path).unlink()
+    bounded(path, "a removal", _p(path).unlink)
 
 
 def rename(src: str, dst: str) -> None:
@@ -162,7 +341,7 @@ def links_leaving(path: str) -> list[str]:
 
 def read_text(path: str) -> str:
     """The text of the file or object at ``path``."""
-    return _p(path).read_text()
+    return bounded(path, "a read", _p(path).read_text)
 
 
 def write_text(path: str, text: str) -> None:
@@ -172,7 +351,7 @@ def write_text(path: str, text: str) -> None:
     fsynced, renamed over ``path``, and the directory fsynced.
     """
     if is_remote(path):
-        _p(path).write_text(text)
+        bounded(path, "a write", lambda: _p(path).write_text(text))
         return
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:

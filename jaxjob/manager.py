@@ -20,7 +20,7 @@ from jaxjob.errors import CheckpointSaveError, CorruptCheckpointError
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import common_epochs, db_name, is_committed
 from jaxjob.log import get_logger
-from jaxjob.metadata import DiskMetadataHandler, MetadataHandler
+from jaxjob.metadata import METADATA_FILE, DiskMetadataHandler, MetadataHandler
 from jaxjob.workspace import Workspace
 
 __all__ = ["CheckpointOptions", "Manager", "ManagerCore"]
@@ -80,6 +80,11 @@ class CheckpointOptions:
         host_map: For resuming host-local leaves (NumPy arrays, scalars) on a
             different process count: for each process of this job, the saved
             process whose copy it gets (a callable or a sequence).
+        storage_timeout_s: On ``gs://`` and ``s3://``: how long one
+            object-store operation may take before the save (or restore)
+            fails naming the endpoint; a save or restore of the arrays may
+            take that plus their bytes at 1 MiB/s. None:
+            ``$JAXJOB_STORAGE_TIMEOUT_S``, else 120 s.
 
     Example:
         >>> import jaxjob
@@ -93,6 +98,7 @@ class CheckpointOptions:
     timeout_s: float = hosts.DEFAULT_TIMEOUT_S
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     host_map: HostMap | None = None
+    storage_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.async_save, bool):
@@ -101,6 +107,14 @@ class CheckpointOptions:
         object.__setattr__(
             self, "write_timeout_s", _seconds(self.write_timeout_s, "write_timeout_s")
         )
+        if self.storage_timeout_s is not None:
+            seconds = _seconds(self.storage_timeout_s, "storage_timeout_s")
+            if seconds == float("inf"):
+                raise ValueError(
+                    "storage_timeout_s must be a positive number of seconds (None: "
+                    f"${fs.STORAGE_TIMEOUT_ENV} or 120), got {self.storage_timeout_s!r}"
+                )
+            object.__setattr__(self, "storage_timeout_s", seconds)
         if self.host_map is not None and not isinstance(self.host_map, Callable | Sequence):
             raise ValueError(
                 f"host_map must be None, a callable or a sequence of process indices, got "
@@ -150,6 +164,9 @@ class Manager(Protocol):
     def write_checkpoint_metadata(self, epoch: int) -> None:
         """Tells the metadata handler that ``epoch`` is saved, once committed."""
 
+    def take_metadata_failures(self) -> list[CheckpointSaveError]:
+        """The metadata records that failed since the last call (save failures)."""
+
     def report_checkpoint_stats(self, action_name: str) -> None:
         """Reports the last action's stats to the metadata handler."""
 
@@ -189,6 +206,8 @@ class ManagerCore:
     ) -> None:
         self._keep = keep_lib.normalize(keep)
         self._db_prefix = fs.normalize(db_prefix, "db_prefix")
+        if options.storage_timeout_s is not None:
+            fs.set_storage_timeout(self._db_prefix, options.storage_timeout_s)
         local = not fs.is_remote(self._db_prefix)
         if local and fs.exists(self._db_prefix) and not fs.is_dir(self._db_prefix):
             raise NotADirectoryError(
@@ -201,6 +220,7 @@ class ManagerCore:
         self._path_prefix: str | None = None
         self._path_type: str | None = None
         self._metadata_due: int | None = None
+        self._metadata_failures: list[CheckpointSaveError] = []
         self._nodes: list[str] = []
         self._agreed_stats: list[dict[str, Any]] | None = None  # the last save's, from its posts
         self._accessible = True  # the metadata handler's answer for the next save
@@ -238,6 +258,18 @@ class ManagerCore:
         """Whether a save of this process is in flight."""
         raise NotImplementedError
 
+    def _own_nodes(self) -> list[str] | None:
+        """The nodes this manager writes whatever the job's nodes are, or None: the job's.
+
+        A :class:`~jaxjob.CheckpointManager` saves every node's leaves under
+        its one ``node_name``; a multi-node manager has one node per job node.
+        """
+        return None
+
+    def _checkpoint_nodes(self) -> list[str]:
+        """The node names of this manager's checkpoint directories, before or after ``init``."""
+        return self._own_nodes() or self._nodes or self.node_names()
+
     def committed_epochs(self) -> list[int]:
         """Epochs committed for every node of this manager, ascending."""
         return common_epochs(self._db_prefix, self.node_names(), self._path_prefix)
@@ -245,7 +277,11 @@ class ManagerCore:
     def set_params(
         self, nodes: Sequence[Any], path_prefix: str | None = None, path_type: str | None = None
     ) -> None:
-        """Passes the checkpoint location and the node names to the metadata handler."""
+        """Passes the checkpoint location and the node names to the metadata handler.
+
+        The handler gets this manager's node names (a single-node manager's
+        ``node_name``, as in the seed; a multi-node manager's: ``nodes``).
+        """
         if path_prefix:
             self._path_prefix = path_prefix
         if path_type:
@@ -254,7 +290,7 @@ class ManagerCore:
         self._metadata_handler.set_params(
             db_prefix=self._db_prefix,
             db_type=self._db_type,
-            node_names=self._nodes,
+            node_names=self._checkpoint_nodes(),
             path_prefix=self._path_prefix,
             path_type=self._path_type,
         )
@@ -308,7 +344,7 @@ class ManagerCore:
         epoch = self._metadata_handler.last_epoch(user_epoch=user_epoch)
         if user_epoch is not None or epoch is None:
             return epoch
-        nodes = self._nodes or self.node_names()
+        nodes = self._checkpoint_nodes()
         committed = common_epochs(self._db_prefix, nodes, self._path_prefix)
         for candidate in [epoch, *(e for e in reversed(committed) if e < epoch)]:
             problems = self._verify_nodes(candidate, nodes)
@@ -349,17 +385,40 @@ class ManagerCore:
         return accessible
 
     def write_checkpoint_metadata(self, epoch: int) -> None:
-        """Tells the metadata handler that ``epoch`` is saved, once it is committed."""
+        """Tells the metadata handler that ``epoch`` is saved, once it is committed.
+
+        A record the handler cannot write (``OSError``: EIO, ENOSPC, an
+        object store that does not answer) is a failure of that epoch's save,
+        kept for :meth:`take_metadata_failures`; nothing is raised here.
+        """
         if self.has_pending():
             self._metadata_due = epoch
         else:
-            self._metadata_handler.write(epoch=epoch)
+            self._write_metadata(epoch)
 
     def _flush_metadata(self, committed: bool) -> None:
         """Writes the deferred metadata record once its save committed; drops it if it failed."""
         due, self._metadata_due = self._metadata_due, None
         if due is not None and committed:
-            self._metadata_handler.write(epoch=due)
+            self._write_metadata(due)
+
+    def _write_metadata(self, epoch: int) -> None:
+        try:
+            self._metadata_handler.write(epoch=epoch)
+        except OSError as err:
+            where = fs.join(self._db_prefix, METADATA_FILE)
+            failure = CheckpointSaveError(epoch, where, err)
+            failure.__cause__ = err
+            logger.debug("metadata record failed: %s", failure)
+            self._metadata_failures.append(failure)
+
+    def take_metadata_failures(self) -> list[CheckpointSaveError]:
+        """The metadata records that failed since the last call (each a save failure), oldest first.
+
+        The runner hands each to its ``on_save_error`` policy.
+        """
+        failures, self._metadata_failures = self._metadata_failures, []
+        return failures
 
     def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
         """Adds the last action's stats to ``stats``, keyed by checkpoint directory."""

@@ -53,7 +53,9 @@ class DiskMetadataHandler:
     ``write(epoch)`` adds a line to ``<db_prefix>/jaxjob_metadata.jsonl`` on
     process 0: on local disk an append and one fsync (a line torn by a crash
     stays on its own line), on object stores, which cannot append, one upload
-    of the whole file. ``report`` keeps
+    of the whole file. An ``OSError`` there (EIO, ENOSPC, a silent object
+    store) is raised; the manager makes it a failure of that epoch's save,
+    which the runner handles under ``on_save_error``. ``report`` keeps
     every action's stats in ``history`` and logs them; failures are logged as
     warnings.
 

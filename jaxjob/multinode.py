@@ -44,6 +44,8 @@ class MultiNodeCheckpointManager(ManagerCore):
             :class:`~jaxjob.checkpoint.CheckpointManager`).
         host_map: How to resume host-local leaves on another process count
             (see :class:`~jaxjob.checkpoint.CheckpointManager`).
+        storage_timeout_s: How long an object-store operation may take (see
+            :class:`~jaxjob.checkpoint.CheckpointManager`).
         node_processes: The caffe2 style across processes: ``{node: process}``
             for nodes whose checkpoints one process alone saves (each process
             runs its own :class:`~jaxjob.task.Node`). A process saves and
@@ -77,6 +79,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         timeout_s: float = hosts.DEFAULT_TIMEOUT_S,
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
+        storage_timeout_s: float | None = None,
         node_processes: Mapping[str, int] | None = None,
         keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
     ) -> None:
@@ -85,6 +88,7 @@ class MultiNodeCheckpointManager(ManagerCore):
             timeout_s=timeout_s,
             write_timeout_s=write_timeout_s,
             host_map=host_map,
+            storage_timeout_s=storage_timeout_s,
         )
         super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep)
         self._retention: retention.Retention | None = None

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jaxjob import fs, keypaths, manifest, orbax_adapter, storage
+from jaxjob.errors import CorruptCheckpointError
 from jaxjob.hostlocal import HostMap
 from jaxjob.layout import check_epoch, committed_epochs, db_name, is_committed
+from jaxjob.log import get_logger
 from jaxjob.workspace import Workspace
 
 __all__ = ["checkpoint_dirs", "restore"]
 
+logger = get_logger(__name__)
 _ENTRY = re.compile(r"(.+)\.(\d+)")
+_RETRIES = 3  # listings of the latest epoch before a restore racing retention gives up
 
 
 def _nodes_under(db_prefix: str) -> list[str]:
@@ -119,8 +124,13 @@ def restore(
         A workspace of the restored keys.
 
     Raises:
-        FileNotFoundError: If there is no such checkpoint (lists committed epochs).
-        KeyError: If a pattern of ``leaves`` matches nothing (lists close key paths).
+        FileNotFoundError: If there is no such checkpoint (lists committed
+            epochs), or ``epoch``'s was deleted while it was read (a live
+            run's retention); with ``epoch=None`` the newest committed one is
+            read instead.
+        KeyError: If a pattern of ``leaves`` matches nothing (lists close key
+            paths), or a key of a ``sharding`` mapping names neither a
+            restored key nor a saved name (lists the available ones).
         ValueError: If a target differs from the checkpoint in structure, a
             shape or a dtype (naming the key path, both values, the epoch and
             the directory), or host-local leaves were saved by another number
@@ -148,6 +158,65 @@ def restore(
     if target is not None and not isinstance(target, Mapping):
         raise TypeError(f"target must be a mapping from key to pytree, got {type(target).__name__}")
     dirs = checkpoint_dirs(path, epoch, node_name)
+    request = _Request(
+        fs.normalize(path, "path"), epoch, node_name, leaves, target, sharding, host_map
+    )
+    return _restore_listed(request, dirs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What :func:`restore` was asked for (``path`` normalized)."""
+
+    path: str
+    epoch: int | None
+    node_name: str | None
+    leaves: Iterable[str] | None
+    target: Mapping[str, Any] | None
+    sharding: Any
+    host_map: HostMap | None
+
+
+def _restore_listed(request: _Request, dirs: list[str], retries: int = _RETRIES) -> Workspace:
+    """Reads ``dirs`` (as listed for ``request``); a checkpoint deleted meanwhile is not damage.
+
+    If a directory stopped being committed while it was read (a live run's
+    retention deleted it), the latest is listed and read again when the
+    latest was asked for; else the missing epoch is named.
+
+    Raises:
+        FileNotFoundError: If the requested epoch was deleted during the restore.
+    """
+    try:
+        return _read(request, dirs)
+    except fs.StorageTimeoutError:
+        raise  # a silent store: listing it again would wait again
+    except (CorruptCheckpointError, OSError) as err:
+        gone = [d for d in dirs if not is_committed(d)]
+        if not gone:
+            raise
+        single = dirs == [request.path]
+        if request.epoch is not None or single or retries == 0:
+            raise FileNotFoundError(
+                f"the checkpoint {gone} was deleted while it was being restored (e.g. by a "
+                f"live run's retention), it is not damaged; "
+                + ("" if single else f"committed epochs now: {_committed_now(request)}; ")
+                + "restore a committed epoch"
+            ) from err
+        logger.info("%s was deleted while it was being restored: restoring the latest", gone)
+        return _restore_listed(
+            request, checkpoint_dirs(request.path, None, request.node_name), retries - 1
+        )
+
+
+def _committed_now(request: _Request) -> list[int]:
+    nodes = [request.node_name] if request.node_name else _nodes_under(request.path)
+    epochs = [set(committed_epochs(request.path, n)) for n in nodes]
+    return sorted(set.intersection(*epochs)) if epochs else []
+
+
+def _read(request: _Request, dirs: list[str]) -> Workspace:
+    path, target, leaves = request.path, request.target, request.leaves
     manifests = {d: manifest.read(d) for d in dirs}
     state = {k: v for m in manifests.values() for k, v in m.state.items()}
     patterns = list(leaves) if leaves is not None else (list(target) if target else None)
@@ -158,11 +227,32 @@ def restore(
             f"target keys {unused} are not restored; restored keys: {list(chosen)} "
             "(a target key must be a name or key path that leaves= selects)"
         )
+    _check_sharding_keys(request.sharding, chosen, state)
     result: dict[str, Any] = {}
     for d, found in manifests.items():
         mine = {k: sel for k, sel in chosen.items() if sel.name in found.state}
-        result.update(_restore_one(d, found, mine, target, sharding, host_map))
+        result.update(_restore_one(d, found, mine, target, request.sharding, request.host_map))
     return Workspace({k: result[k] for k in chosen})
+
+
+def _check_sharding_keys(
+    sharding: Any, chosen: Mapping[str, keypaths.Selection], state: Mapping[str, Any]
+) -> None:
+    """Raises if a key of a ``sharding=`` mapping names no restored key and no saved name.
+
+    Raises:
+        KeyError: Listing the unmatched keys and the restored keys and names.
+    """
+    if not isinstance(sharding, Mapping):
+        return
+    known = set(chosen) | {sel.name for sel in chosen.values()} | set(state)
+    unmatched = [k for k in sharding if k not in known]
+    if unmatched:
+        available = sorted(set(chosen) | set(state))
+        raise KeyError(
+            f"sharding keys {unmatched} match no restored key and no name in the checkpoint; "
+            f"available: {available} (a key of sharding= is a name or a key path of leaves=)"
+        )
 
 
 def _restore_one(path, found, chosen, target, sharding, host_map) -> dict[str, Any]:

@@ -144,6 +144,8 @@ class JobRunner:
         self.upload_task_group_builder = upload_task_group_builder
         self.on_save_error = on_save_error
         self.save_errors: list[CheckpointSaveError] = []
+        # metadata records that failed here, to share at the next exchange (multi-process)
+        self._unshared_metadata: list[CheckpointSaveError] = []
         self.progress = check_names(progress)
         if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
@@ -388,9 +390,15 @@ class JobRunner:
         due_by_time = self.save_interval.due_by_time(self._clock.seconds_since())
         posts = hosts.exchange(
             f"the stop conditions of epoch {epoch}",
-            {"flag": bool(stop), "preempted": bool(preempted), "due_by_time": due_by_time},
+            {
+                "flag": bool(stop),
+                "preempted": bool(preempted),
+                "due_by_time": due_by_time,
+                "metadata": self._take_unshared_metadata(),
+            },
             timeout_s=self._timeout_s(),
         )
+        self._shared_metadata_failures(posts)
         signalled = [p for p, post in enumerate(posts) if post["preempted"]]
         if signalled and not preempted:
             logger.warning("Processes %s were preempted: stopping after epoch %d", signalled, epoch)
@@ -430,7 +438,8 @@ class JobRunner:
         """Saves the session's persistent workspace as checkpoint ``epoch``.
 
         A failure follows ``on_save_error``. A failure of the previous
-        epoch's background write surfaces here too. In a multi-process job,
+        epoch's background write, or of its metadata record (EIO, ENOSPC on
+        the metadata handler's file), surfaces here too. In a multi-process job,
         call it on every process: a failure on any process is seen by all.
         The metadata handler's ``cp_accessible()``, the save and its stats
         report take one exchange with the other processes in all (the save's).
@@ -462,11 +471,49 @@ class JobRunner:
                 self._on_save_failure(_as_save_error(epoch, where, err))
             else:
                 raise
+        self._metadata_failures()
+
+    def _metadata_failures(self) -> None:
+        """Hands each metadata record that failed (EIO, ENOSPC, ...) to ``on_save_error``.
+
+        In a multi-process job only process 0 writes the metadata file: its
+        failures ride on the next epoch's boundary exchange (or, after the
+        last epoch, on one exchange of their own) so that every process
+        handles the same :class:`CheckpointSaveError` at the same point.
+        """
+        failures = self.checkpoint_manager.take_metadata_failures()
+        if jax.process_count() > 1:
+            self._unshared_metadata += failures
+            return
+        for err in failures:
+            self._on_save_failure(err)
+
+    def _take_unshared_metadata(self) -> list[list[Any]]:
+        """This process's failed metadata records as posted: ``[epoch, path, "Type: message"]``."""
+        unshared, self._unshared_metadata = self._unshared_metadata, []
+        return [[e.epoch, e.db_name, _cause_text(e)] for e in unshared]
+
+    def _shared_metadata_failures(self, posts: Sequence[dict[str, Any]]) -> None:
+        """Hands the failed metadata records of every process's post to ``on_save_error``."""
+        for process, post in enumerate(posts):
+            for epoch, where, text in post.get("metadata", []):
+                failure = CheckpointSaveError(epoch, where, text, [process])
+                self._on_save_failure(failure)
+
+    def _share_last_metadata(self) -> None:
+        """After the last save: one exchange of the metadata records failed since the boundary."""
+        if jax.process_count() == 1:
+            return
+        posts = hosts.exchange(
+            "the metadata records of the last saves",
+            {"metadata": self._take_unshared_metadata()},
+            timeout_s=self._timeout_s(),
+        )
+        self._shared_metadata_failures(posts)
 
     def _on_save_failure(self, err: CheckpointSaveError) -> None:
         self.save_errors.append(err)
-        cause = err.__cause__ or err
-        stats = {err.db_name: {"epoch": err.epoch, "error": f"{type(cause).__name__}: {cause}"}}
+        stats = {err.db_name: {"epoch": err.epoch, "error": _cause_text(err)}}
         self.checkpoint_manager.metadata_handler.report("checkpoint_save", stats)
         if self.on_save_error == "raise":
             raise err
@@ -479,6 +526,8 @@ class JobRunner:
             self.checkpoint_manager.wait_until_finished()
         except CheckpointSaveError as err:
             self._on_save_failure(err)
+        self._metadata_failures()
+        self._share_last_metadata()
 
     def _complete_pending_after_error(self) -> None:
         """Completes this process's saves in flight, without waiting on other processes."""
@@ -508,3 +557,9 @@ def _as_save_error(epoch: int, where: str, err: BaseException) -> CheckpointSave
     failure = CheckpointSaveError(epoch, where, err)
     failure.__cause__ = err
     return failure
+
+
+def _cause_text(err: CheckpointSaveError) -> str:
+    """``"Type: message"`` of what made the save fail."""
+    cause = err.__cause__ or err
+    return f"{type(cause).__name__}: {cause}"

@@ -20,6 +20,8 @@ when reading.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,12 +29,22 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxjob import checksum, codec, faults, hostlocal, keypaths, orbax_adapter
+from jaxjob import checksum, codec, faults, fs, hostlocal, keypaths, orbax_adapter
 from jaxjob import targets as targets_lib
 from jaxjob.errors import CorruptCheckpointError
 from jaxjob.manifest import MANIFEST_FILE, MANIFEST_ITEM, OUTPUTS, STATE, Manifest
 
-__all__ = ["OUTPUTS", "STATE", "composite_handler", "encode", "nbytes", "restore", "save_args"]
+__all__ = [
+    "OUTPUTS",
+    "STATE",
+    "composite_handler",
+    "encode",
+    "nbytes",
+    "restore",
+    "save_args",
+    "start_bounded",
+    "wait_bounded",
+]
 
 HostMap = hostlocal.HostMap
 
@@ -169,6 +181,46 @@ def save_args(encoded: Mapping[str, Mapping[str, Any]], manifest: Manifest) -> o
     return ocp.args.Composite(**items)
 
 
+def start_bounded(
+    saver: ocp.Checkpointer, path: str, args: ocp.args.Composite, nbytes: int | None
+) -> float | None:
+    """``saver.save(path, args=args)``, within the object store's bound; the write's deadline.
+
+    On an object store Orbax's synchronous part of the save (its directory
+    calls through etils and fsspec, the device-to-host copy, and with a
+    synchronous saver the whole write) fails with
+    :class:`~jaxjob.fs.StorageTimeoutError` naming the endpoint after
+    :func:`jaxjob.fs.transfer_bound_s` of ``nbytes``.
+
+    Returns:
+        On an object store, the ``time.perf_counter()`` by which the
+        background write must have committed (see :func:`wait_bounded`);
+        None on local disk.
+    """
+    if not fs.is_remote(path):
+        saver.save(path, args=args)
+        return None
+    started = time.perf_counter()
+    bound = fs.transfer_bound_s(path, nbytes or 0)
+    fs.bounded(path, "the save", lambda: saver.save(path, args=args), timeout_s=bound)
+    return started + bound
+
+
+def wait_bounded(saver: ocp.AsyncCheckpointer, path: str, deadline: float | None) -> None:
+    """Waits for ``saver`` 's background write of ``path``; on an object store until ``deadline``.
+
+    Raises:
+        StorageTimeoutError: Naming the endpoint, if the write has not
+            committed by ``deadline`` (at least 1 s from now, for a write
+            that is done but whose thread has yet to report it).
+    """
+    if deadline is None:
+        saver.wait_until_finished()
+        return
+    left = max(1.0, deadline - time.perf_counter())
+    fs.bounded(path, "the write", saver.wait_until_finished, timeout_s=left)
+
+
 def _rows(manifest: Manifest, specs: Iterable[codec.LeafSpec], host_map: HostMap | None):
     if manifest.owner_process is not None:
         return codec.Rows(0)
@@ -257,7 +309,13 @@ def restore_selected(
     all_specs = [manifest.leaves[n] for n in abstracts]
     rows = _rows(manifest, all_specs, host_map)
     restore_item = {s.name: store.target(s, abstracts[s.name], rows) for s in all_specs}
-    restored = _read(checkpointer, path, manifest, item, restore_item)
+    volume = 16 * sum(math.prod(s.shape) for s in all_specs)  # at most 16 bytes an element
+    restored = fs.bounded(
+        path,
+        "the read",
+        lambda: _read(checkpointer, path, manifest, item, restore_item),
+        timeout_s=fs.transfer_bound_s(path, volume) if fs.is_remote(path) else None,
+    )
     _check(path, manifest, item, all_specs, restored)
     leaves = {s.name: store.decode(restored[s.name], s, abstracts[s.name], rows) for s in all_specs}
     return {key: p.build(leaves) for key, p in plans.items()}

@@ -188,3 +188,35 @@ def test_restore_two_by_four_on_other_topologies(tmp_path):
     for process in range(4):
         assert resumed[process]["last"] == 3 and resumed[process]["w_sharding"]
         assert resumed[process]["cursor"] == [1000 * (process % 2) + 3, 3]
+
+
+def _full_metadata_file(prefix):
+    """``jaxjob_metadata.jsonl`` is /dev/full: process 0's writes of it fail with ENOSPC."""
+    os.symlink("/dev/full", Path(prefix) / "jaxjob_metadata.jsonl")
+
+
+def test_metadata_enospc_raises_on_every_process(tmp_path):
+    """Under "raise", process 0's ENOSPC on the metadata file raises the same error everywhere."""
+    _full_metadata_file(tmp_path)
+    opts = {"timeout_s": 30, "policy": "raise"}
+    status, output, _ = launch(2, 2, "mp_job.py", tmp_path, 4, opts=opts)
+    assert status == 3, output[-4000:]
+    raised = [line for line in output.splitlines() if "] RAISED " in line]
+    assert sorted(line[:11] for line in raised) == ["[process=0]", "[process=1]"], output[-4000:]
+    assert len({line[12:] for line in raised}) == 1, raised  # the same error
+    for line in raised:
+        assert "epoch 0" in line and "jaxjob_metadata.jsonl" in line and "processes [0]" in line
+        assert "No space left on device" in line
+    assert "HostTimeoutError" not in output
+
+
+def test_metadata_enospc_is_counted_by_every_process_under_warn(tmp_path, reference):
+    """Under "warn", every process counts each failed metadata record and training ends alike."""
+    _full_metadata_file(tmp_path)
+    status, output, _ = launch(2, 2, "mp_job.py", tmp_path, 4, opts={"timeout_s": 30})
+    assert status == 0, output[-4000:]
+    results = lines(output, "RESULT")
+    for process in (0, 1):
+        assert results[process]["save_errors"] == [0, 1, 2, 3, 4]
+        assert results[process]["digest"] == reference[process]["digest"]
+    assert committed(tmp_path) == [f"local.{e}" for e in range(5)]
