@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -10,7 +12,18 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob import boundary, checksum, fs, hosts, lock, manifest, orbax_adapter, retention, storage
+from jaxjob import (
+    boundary,
+    checksum,
+    codec,
+    fs,
+    hosts,
+    lock,
+    manifest,
+    orbax_adapter,
+    retention,
+    storage,
+)
 from jaxjob import keep as keep_lib
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
@@ -29,6 +42,36 @@ from jaxjob.workspace import Workspace
 __all__ = ["CheckpointManager"]
 
 logger = get_logger(__name__)
+
+
+class _OrbaxSaveErrors(logging.Filter):
+    """Moves Orbax's tracebacks of a failing jaxjob save from absl's log to jaxjob's DEBUG.
+
+    While a save of this process is in flight, Orbax's background threads log
+    each failure at ERROR with its traceback (several records, hundreds of
+    lines); jaxjob reports the failure itself, in one line, when it surfaces.
+    Other Orbax records, and all of them while no save is in flight, pass.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saving: set[str] = set()  # the directories of this process's saves in flight
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False (re-logged at DEBUG) for an Orbax traceback during a save."""
+        if (
+            not self.saving
+            or record.levelno < logging.WARNING
+            or not record.exc_info
+            or f"{os.sep}orbax{os.sep}checkpoint{os.sep}" not in record.pathname
+        ):
+            return True
+        logger.debug("Orbax: %s", record.getMessage(), exc_info=record.exc_info)
+        return False
+
+
+_orbax_errors = _OrbaxSaveErrors()
+logging.getLogger("absl").addFilter(_orbax_errors)
 
 
 @dataclasses.dataclass
@@ -384,6 +427,10 @@ class CheckpointManager(ManagerCore):
             ValueError: If ``epoch`` is negative.
             OSError: If ``db_prefix`` is not a writable directory here.
             PermissionError: If :meth:`cp_accessible` said False here.
+            UnstorableLeafError: (a TypeError) If a leaf cannot be stored at
+                all (a zero-size array; a dtype Orbax lacks: uint2, uint4,
+                float8_e4m3), naming its key path, dtype and shape; nothing
+                is written and nothing committed is touched.
             CheckpointSaveError: If this save cannot start on another
                 process, or the previous async save failed on some process
                 (raised after this epoch's save has started).
@@ -563,8 +610,8 @@ class CheckpointManager(ManagerCore):
             at = posts[failed[0]]["previous_at"]
             previous = self._record_failure(at[0], at[1], text, failed, count=previous is None)
         problems, text = boundary.failures(posts, "problem")
-        if problems == me:
-            return previous, problem
+        if problems == me or isinstance(problem, codec.UnstorableLeafError):
+            return previous, problem  # a refused leaf is raised as it is wherever it is refused
         if problems:
             return previous, CheckpointSaveError(epoch, path, text, problems)
         disagreement = boundary.mismatch(posts)
@@ -621,8 +668,10 @@ class CheckpointManager(ManagerCore):
         try:
             args = storage.save_args(plan.encoded, plan.found)
             logger.debug("Saving epoch %d to %s", epoch, path)
+            _orbax_errors.saving.add(path)
             self._get_saver().save(path, args=args)
         except Exception as err:
+            _orbax_errors.saving.discard(path)
             self._remove_failed(path)
             _put_back(path, pending)
             return self._record_failure(epoch, path, err)
@@ -671,10 +720,12 @@ class CheckpointManager(ManagerCore):
             if isinstance(self._saver, ocp.AsyncCheckpointer):
                 self._saver.wait_until_finished()
         except Exception as err:
+            _orbax_errors.saving.discard(pending.db)
             self._remove_failed(pending.db)
             _put_back(pending.db, pending)
             self._flush_metadata(committed=False)
             return self._record_failure(pending.epoch, pending.db, err)
+        _orbax_errors.saving.discard(pending.db)
         if pending.superseded:
             _remove(pending.superseded)
         if self._current_db_name == pending.db and self._current_stats is not None:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import jax
 
 from jaxjob import checks, faults, hosts
+from jaxjob.codec import UnstorableLeafError
 from jaxjob.errors import CheckpointSaveError, Preempted
 from jaxjob.interval import SaveClock, SaveInterval
 from jaxjob.job import Job
@@ -440,6 +441,9 @@ class JobRunner:
             CheckpointSaveError: Under ``on_save_error="raise"``.
             HostTimeoutError: If another process does not arrive in time
                 (whatever the policy: the job cannot go on without it).
+            TypeError: For a leaf no save can store (a zero-size array, a
+                dtype Orbax lacks), whatever the policy, before anything is
+                written.
         """
         manager = self.checkpoint_manager
         if manager is None:
@@ -454,8 +458,8 @@ class JobRunner:
                 self._on_save_failure(err)
             manager.write_checkpoint_metadata(epoch)
             manager.report_checkpoint_stats("checkpoint_save")
-        except hosts.HostTimeoutError:
-            raise
+        except (hosts.HostTimeoutError, UnstorableLeafError):
+            raise  # the job cannot go on without the other process; no save of it can succeed
         except Exception as err:
             if not isinstance(err, CheckpointSaveError) or err.epoch == epoch:
                 where = db_name(epoch, self._nodes()[0], manager.db_prefix)
@@ -465,12 +469,14 @@ class JobRunner:
 
     def _on_save_failure(self, err: CheckpointSaveError) -> None:
         self.save_errors.append(err)
+        self._progress.save_failed(err.epoch)
         cause = err.__cause__ or err
         stats = {err.db_name: {"epoch": err.epoch, "error": f"{type(cause).__name__}: {cause}"}}
         self.checkpoint_manager.metadata_handler.report("checkpoint_save", stats)
         if self.on_save_error == "raise":
             raise err
-        logger.warning("Unable to write checkpoint for epoch %d: %s", err.epoch, err)
+        logger.warning("Unable to write checkpoint for epoch %d: %s", err.epoch, _one_line(err))
+        logger.debug("The failure of the save of epoch %d:", err.epoch, exc_info=err)
 
     def _finish_saves(self) -> None:
         if self.checkpoint_manager is None:
@@ -500,6 +506,13 @@ def _loaded_nodes(manager: Manager) -> set[str] | None:
         return None
     me = jax.process_index()
     return {name for name, m in managers if getattr(m, "owner_process", None) in (None, me)}
+
+
+def _one_line(err: BaseException) -> str:
+    """``err``'s message on one line: its first line, then how many more there are."""
+    lines = str(err).strip().splitlines() or [type(err).__name__]
+    more = f" (and {len(lines) - 1} more lines, logged at DEBUG)" if len(lines) > 1 else ""
+    return lines[0] + more
 
 
 def _as_save_error(epoch: int, where: str, err: BaseException) -> CheckpointSaveError:
