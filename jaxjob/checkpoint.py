@@ -21,6 +21,7 @@ from jaxjob import (
     lock,
     manifest,
     orbax_adapter,
+    preemption,
     retention,
     storage,
 )
@@ -80,6 +81,7 @@ class _Pending:
     db: str
     started: float
     superseded: str | None = None
+    starting: bool = False  # Orbax's save() has not returned: an interrupt may have stopped it
 
 
 @dataclasses.dataclass
@@ -665,19 +667,26 @@ class CheckpointManager(ManagerCore):
         epoch, path, pending = plan.epoch, plan.path, plan.pending
         self._current_db_name = path
         self._current_stats = {"epoch": epoch, "bytes": plan.bytes, "error": None}
+        deferred = preemption.DeferredInterrupt()
         try:
             args = storage.save_args(plan.encoded, plan.found)
             logger.debug("Saving epoch %d to %s", epoch, path)
             _orbax_errors.saving.add(path)
-            self._get_saver().save(path, args=args)
+            pending.starting, self._pending = True, pending  # a KeyboardInterrupt finishes it
+            with deferred:  # Ctrl-C is raised once Orbax has started the save
+                self._get_saver().save(path, args=args)
         except Exception as err:
+            self._pending = None
             _orbax_errors.saving.discard(path)
             self._remove_failed(path)
             _put_back(path, pending)
-            return self._record_failure(epoch, path, err)
-        self._pending = pending
+            failure = self._record_failure(epoch, path, err)
+            deferred.raise_if_received()
+            return failure
+        pending.starting = False
         self._blob_names = plan.found.state_keys
         self._current_stats["duration_s"] = time.perf_counter() - pending.started
+        deferred.raise_if_received()  # the save is in flight: train completes it
         return None
 
     def _get_saver(self) -> ocp.Checkpointer:
@@ -712,25 +721,42 @@ class CheckpointManager(ManagerCore):
         return failure
 
     def _finish_pending(self) -> CheckpointSaveError | None:
-        """Waits for the save in flight; returns its failure, if any (recorded, not raised)."""
-        pending, self._pending = self._pending, None
+        """Waits for the save in flight; returns its failure, if any (recorded, not raised).
+
+        Interrupted (KeyboardInterrupt), the save stays in flight: the next call waits again.
+        """
+        pending = self._pending
         if pending is None:
             return None
+        deferred = preemption.DeferredInterrupt()
         try:
             if isinstance(self._saver, ocp.AsyncCheckpointer):
-                self._saver.wait_until_finished()
+                with deferred:  # Ctrl-C is raised once the save is done
+                    self._saver.wait_until_finished()
+            if pending.starting and not is_committed(pending.db):
+                raise RuntimeError(
+                    f"a KeyboardInterrupt stopped the start of the save of epoch {pending.epoch}"
+                    "; nothing of it was committed"
+                )
         except Exception as err:
+            self._pending = None
             _orbax_errors.saving.discard(pending.db)
             self._remove_failed(pending.db)
             _put_back(pending.db, pending)
             self._flush_metadata(committed=False)
-            return self._record_failure(pending.epoch, pending.db, err)
+            failure = self._record_failure(pending.epoch, pending.db, err)
+            if deferred.received:  # the KeyboardInterrupt goes up, not the failure: log it
+                logger.warning("Unable to write checkpoint for epoch %d: %s", pending.epoch, err)
+            deferred.raise_if_received()
+            return failure
+        self._pending = None
         _orbax_errors.saving.discard(pending.db)
         if pending.superseded:
             _remove(pending.superseded)
         if self._current_db_name == pending.db and self._current_stats is not None:
             self._current_stats["commit_s"] = time.perf_counter() - pending.started
         self._flush_metadata(committed=True)
+        deferred.raise_if_received()
         return None
 
     def _remove_failed(self, path: str) -> None:

@@ -19,7 +19,7 @@ from jaxjob.job import Job
 from jaxjob.layout import db_name
 from jaxjob.log import get_logger
 from jaxjob.manager import Manager
-from jaxjob.preemption import SignalWatch, check_signals
+from jaxjob.preemption import HeldSignal, SignalWatch, check_signals
 from jaxjob.progress import Progress, check_names
 from jaxjob.session import Session, _Program
 from jaxjob.task import DEFAULT_NODE
@@ -174,6 +174,10 @@ class JobRunner:
                 the init group creates (or holds names it no longer creates).
             Preempted: After a preemption signal, once the epoch it stopped
                 after is saved and committed.
+            KeyboardInterrupt: On Ctrl-C (SIGINT, unless in
+                ``preemption_signals``), once the save in flight is committed
+                (or, if it had not started writing, abandoned); meanwhile
+                more Ctrl-Cs are logged and ignored.
         """
         self._warned = set()
         self._progress = Progress(
@@ -186,6 +190,9 @@ class JobRunner:
         try:
             with mesh:
                 return self._train(session)
+        except KeyboardInterrupt as err:  # the save in flight is complete: stop the user's code
+            logger.debug("train was interrupted here:", exc_info=err)
+            raise err.with_traceback(None) from None  # not jaxjob's and Orbax's frames
         finally:
             self._progress.close()
 
@@ -236,8 +243,8 @@ class JobRunner:
                 finished, preempted = boundary.stop, boundary.preempted
             logger.info("%s at epoch %d", "Preempted" if preempted else "Finished training", epoch)
             self._finish_saves()
-        except BaseException:
-            self._complete_pending_after_error()
+        except BaseException as err:
+            self._complete_pending_after_error(interrupted=isinstance(err, KeyboardInterrupt))
             raise
         return epoch, preempted
 
@@ -486,13 +493,27 @@ class JobRunner:
         except CheckpointSaveError as err:
             self._on_save_failure(err)
 
-    def _complete_pending_after_error(self) -> None:
-        """Completes this process's saves in flight, without waiting on other processes."""
-        if self.checkpoint_manager is None:
+    def _complete_pending_after_error(self, *, interrupted: bool = False) -> None:
+        """Completes this process's saves in flight, without waiting on other processes.
+
+        Meanwhile SIGINT is logged and ignored: a second Ctrl-C must not tear the save.
+        """
+        manager = self.checkpoint_manager
+        if manager is None:
             return
-        for err in self.checkpoint_manager.finish_local():
+        if interrupted:
+            logger.warning(
+                "Interrupted (KeyboardInterrupt): %s",
+                "completing the save in flight before stopping"
+                if manager.has_pending()
+                else "no save was in flight; stopping",
+            )
+        with HeldSignal(signal.SIGINT, "the save in flight"):
+            failures = manager.finish_local()
+        for err in failures:
             self.save_errors.append(err)
-            logger.error("While handling an error, a pending save failed too: %s", err)
+            logger.error("While handling an error, a pending save failed too: %s", _one_line(err))
+            logger.debug("The failure of the save of epoch %d:", err.epoch, exc_info=err)
 
 
 def _shardings(tree: Any) -> list[Any]:
