@@ -95,7 +95,10 @@ class JobRunner:
         history: One dict per epoch that ``train`` ran on this runner:
             ``"epoch"``, the ``progress`` names' values (floats),
             ``"epoch_time_s"`` (the epoch group and its save) and
-            ``"save_time_s"`` (the part the training thread spent saving).
+            ``"save_time_s"`` (the part the training thread spent saving),
+            and, after a save failure surfaced during that epoch's save,
+            ``"save_failed"`` (the failed epochs; the progress line shows
+            ``save FAILED``).
         save_errors: The save failures met under ``on_save_error="warn"``.
 
     Example:
