@@ -51,12 +51,14 @@ def test_sigint_during_a_save_completes_it_then_raises_keyboard_interrupt(tmp_pa
     no Orbax ERROR; the epochs committed are 0..k with k >= 2, each intact."""
     code, err = _interrupt(tmp_path / "ckpt", 3, delay_s)
     assert code == -signal.SIGINT, err[-3000:]
-    assert "ERROR" not in err and "Exception in thread" not in err, err[-3000:]
+    lines = err.splitlines()
+    assert not [line for line in lines if re.match(r"(ERROR|CRITICAL)\b", line)], err[-3000:]
+    assert "Exception in thread" not in err and "cannot schedule new futures" not in err
     assert err.count("Traceback (most recent call last)") == 1, err[-3000:]
     traceback = err[err.index("Traceback") :]
     assert "orbax" not in traceback and "threading.py" not in traceback, traceback
     assert traceback.rstrip().endswith("KeyboardInterrupt")
-    warnings = [line for line in err.splitlines() if "WARNING" in line]
+    warnings = [line for line in lines if re.match(r"WARNING:(jaxjob|absl)", line)]
     assert len(warnings) == 1 and "Interrupted (KeyboardInterrupt)" in warnings[0], err[-3000:]
     _assert_epochs_intact(tmp_path / "ckpt", 2)
 
