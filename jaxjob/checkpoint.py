@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -10,7 +12,19 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob import boundary, checksum, fs, hosts, lock, manifest, orbax_adapter, retention, storage
+from jaxjob import (
+    boundary,
+    checksum,
+    codec,
+    fs,
+    hosts,
+    lock,
+    manifest,
+    orbax_adapter,
+    preemption,
+    retention,
+    storage,
+)
 from jaxjob import keep as keep_lib
 from jaxjob.errors import CheckpointSaveError
 from jaxjob.hostlocal import HostMap
@@ -31,6 +45,36 @@ __all__ = ["CheckpointManager"]
 logger = get_logger(__name__)
 
 
+class _OrbaxSaveErrors(logging.Filter):
+    """Moves Orbax's tracebacks of a failing jaxjob save from absl's log to jaxjob's DEBUG.
+
+    While a save of this process is in flight, Orbax's background threads log
+    each failure at ERROR with its traceback (several records, hundreds of
+    lines); jaxjob reports the failure itself, in one line, when it surfaces.
+    Other Orbax records, and all of them while no save is in flight, pass.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saving: set[str] = set()  # the directories of this process's saves in flight
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False (re-logged at DEBUG) for an Orbax traceback during a save."""
+        if (
+            not self.saving
+            or record.levelno < logging.WARNING
+            or not record.exc_info
+            or f"{os.sep}orbax{os.sep}checkpoint{os.sep}" not in record.pathname
+        ):
+            return True
+        logger.debug("Orbax: %s", record.getMessage(), exc_info=record.exc_info)
+        return False
+
+
+_orbax_errors = _OrbaxSaveErrors()
+logging.getLogger("absl").addFilter(_orbax_errors)
+
+
 @dataclasses.dataclass
 class _Pending:
     epoch: int
@@ -38,6 +82,7 @@ class _Pending:
     started: float
     superseded: str | None = None
     deadline: float | None = None  # on object stores: when its background write has failed
+    starting: bool = False  # Orbax's save() has not returned: an interrupt may have stopped it
 
 
 @dataclasses.dataclass
@@ -398,6 +443,10 @@ class CheckpointManager(ManagerCore):
             ValueError: If ``epoch`` is negative.
             OSError: If ``db_prefix`` is not a writable directory here.
             PermissionError: If :meth:`cp_accessible` said False here.
+            UnstorableLeafError: (a TypeError) If a leaf cannot be stored at
+                all (a zero-size array; a dtype Orbax lacks: uint2, uint4,
+                float8_e4m3), naming its key path, dtype and shape; nothing
+                is written and nothing committed is touched.
             CheckpointSaveError: If this save cannot start on another
                 process, or the previous async save failed on some process
                 (raised after this epoch's save has started).
@@ -577,8 +626,8 @@ class CheckpointManager(ManagerCore):
             at = posts[failed[0]]["previous_at"]
             previous = self._record_failure(at[0], at[1], text, failed, count=previous is None)
         problems, text = boundary.failures(posts, "problem")
-        if problems == me:
-            return previous, problem
+        if problems == me or isinstance(problem, codec.UnstorableLeafError):
+            return previous, problem  # a refused leaf is raised as it is wherever it is refused
         if problems:
             return previous, CheckpointSaveError(epoch, path, text, problems)
         disagreement = boundary.mismatch(posts)
@@ -632,18 +681,27 @@ class CheckpointManager(ManagerCore):
         epoch, path, pending = plan.epoch, plan.path, plan.pending
         self._current_db_name = path
         self._current_stats = {"epoch": epoch, "bytes": plan.bytes, "error": None}
+        deferred = preemption.DeferredInterrupt()
         try:
             args = storage.save_args(plan.encoded, plan.found)
             logger.debug("Saving epoch %d to %s", epoch, path)
-            pending.deadline = storage.start_bounded(self._get_saver(), path, args, plan.bytes)
+            _orbax_errors.saving.add(path)
+            pending.starting, self._pending = True, pending  # a KeyboardInterrupt finishes it
+            with deferred:  # Ctrl-C is raised once Orbax has started the save
+                pending.deadline = storage.start_bounded(self._get_saver(), path, args, plan.bytes)
         except Exception as err:
+            self._pending = None
+            _orbax_errors.saving.discard(path)
             if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
                 self._remove_failed(path)
                 _put_back(path, pending)
-            return self._record_failure(epoch, path, err)
-        self._pending = pending
+            failure = self._record_failure(epoch, path, err)
+            deferred.raise_if_received()
+            return failure
+        pending.starting = False
         self._blob_names = plan.found.state_keys
         self._current_stats["duration_s"] = time.perf_counter() - pending.started
+        deferred.raise_if_received()  # the save is in flight: train completes it
         return None
 
     def _get_saver(self) -> ocp.Checkpointer:
@@ -678,26 +736,46 @@ class CheckpointManager(ManagerCore):
         return failure
 
     def _finish_pending(self) -> CheckpointSaveError | None:
-        """Waits for the save in flight; returns its failure, if any (recorded, not raised)."""
-        pending, self._pending = self._pending, None
+        """Waits for the save in flight; returns its failure, if any (recorded, not raised).
+
+        Interrupted (KeyboardInterrupt), the save stays in flight: the next call waits again.
+        """
+        pending = self._pending
         if pending is None:
             return None
+        deferred = preemption.DeferredInterrupt()
         try:
-            if isinstance(self._saver, ocp.AsyncCheckpointer) and pending.deadline is None:
-                self._saver.wait_until_finished()
-            elif isinstance(self._saver, ocp.AsyncCheckpointer):  # on an object store
-                storage.wait_bounded(self._saver, pending.db, pending.deadline)
+            if isinstance(self._saver, ocp.AsyncCheckpointer):
+                with deferred:  # Ctrl-C is raised once the save is done
+                    if pending.deadline is None:
+                        self._saver.wait_until_finished()
+                    else:  # on an object store
+                        storage.wait_bounded(self._saver, pending.db, pending.deadline)
+            if pending.starting and not is_committed(pending.db):
+                raise RuntimeError(
+                    f"a KeyboardInterrupt stopped the start of the save of epoch {pending.epoch}"
+                    "; nothing of it was committed"
+                )
         except Exception as err:
+            self._pending = None
+            _orbax_errors.saving.discard(pending.db)
             if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
                 self._remove_failed(pending.db)
                 _put_back(pending.db, pending)
             self._flush_metadata(committed=False)
-            return self._record_failure(pending.epoch, pending.db, err)
+            failure = self._record_failure(pending.epoch, pending.db, err)
+            if deferred.received:  # the KeyboardInterrupt goes up, not the failure: log it
+                logger.warning("Unable to write checkpoint for epoch %d: %s", pending.epoch, err)
+            deferred.raise_if_received()
+            return failure
+        self._pending = None
+        _orbax_errors.saving.discard(pending.db)
         if pending.superseded:
             _remove(pending.superseded)
         if self._current_db_name == pending.db and self._current_stats is not None:
             self._current_stats["commit_s"] = time.perf_counter() - pending.started
         self._flush_metadata(committed=True)
+        deferred.raise_if_received()
         return None
 
     def _abandon_saver(self, err: Exception) -> bool:

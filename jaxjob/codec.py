@@ -21,6 +21,8 @@ Two codecs turn leaves into what Orbax stores and back:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
@@ -28,6 +30,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tensorstore as ts
 
 from jaxjob import hostlocal
 
@@ -37,6 +40,7 @@ __all__ = [
     "PrivateCodec",
     "Rows",
     "SharedCodec",
+    "UnstorableLeafError",
     "checkpointable",
     "flatten",
     "leaf_names",
@@ -48,6 +52,51 @@ SUPPORTED = (
     "leaves must be jax.Array, NumPy arrays (not of object dtype) or scalars, or Python "
     "bool/int/float"
 )
+
+
+class UnstorableLeafError(TypeError):
+    """A leaf that no save can store: the save refuses it before writing anything.
+
+    Raised by every save of such a workspace, whatever ``on_save_error`` says
+    (retrying cannot help). The message names the key path, the dtype and the
+    shape.
+    """
+
+
+@functools.cache
+def _orbax_stores(dtype: np.dtype) -> bool:
+    """Whether Orbax can write arrays of ``dtype``: TensorStore, which writes them, has it."""
+    try:
+        ts.dtype(np.dtype(dtype).name)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def check_storable(spec: LeafSpec, dtype: Any) -> None:
+    """Refuses a leaf that Orbax would store as an array of ``dtype`` but cannot.
+
+    Orbax 0.12 writes arrays through TensorStore, which has no ``uint2``,
+    ``uint4`` or ``float8_e4m3`` (it has ``int2``, ``int4`` and the other
+    float8 types), and refuses zero-size arrays outright.
+
+    Raises:
+        UnstorableLeafError: Naming the leaf's key path, dtype and shape.
+    """
+    kind = {"jax": "jax.Array", "prng_key": "PRNG key array"}.get(spec.kind, "array")
+    what = f"the {kind} at {spec.path} (dtype {spec.dtype}, shape {spec.shape})"
+    if not _orbax_stores(np.dtype(dtype)):
+        raise UnstorableLeafError(
+            f"cannot checkpoint {what}: Orbax (TensorStore) cannot store dtype "
+            f"{np.dtype(dtype).name}; save it as uint8 instead (x.astype(jnp.uint8) keeps "
+            "uint2/uint4 values exactly, jax.lax.bitcast_convert_type(x, jnp.uint8) keeps "
+            "float8_e4m3 bits) or keep it out of the persistent workspace"
+        )
+    if math.prod(spec.shape) == 0:
+        raise UnstorableLeafError(
+            f"cannot checkpoint {what}: Orbax cannot store a zero-size array; give it at "
+            "least one element or keep it out of the persistent workspace"
+        )
 
 
 def checkpointable(leaf: Any) -> bool:
@@ -99,7 +148,7 @@ class LeafSpec:
         """Describes ``leaf``.
 
         Raises:
-            TypeError: If ``leaf`` cannot be checkpointed (naming ``path``).
+            UnstorableLeafError: If ``leaf`` cannot be checkpointed (naming ``path``).
         """
         if isinstance(leaf, jax.Array):
             if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
@@ -111,7 +160,7 @@ class LeafSpec:
             return cls(name, path, kind, str(leaf.dtype), tuple(np.shape(leaf)))
         if isinstance(leaf, bool | int | float):
             return cls(name, path, "python", type(leaf).__name__, ())
-        raise TypeError(
+        raise UnstorableLeafError(
             f"cannot checkpoint the leaf at {path} of type {type(leaf).__name__}; {SUPPORTED}"
         )
 
@@ -283,6 +332,13 @@ class Codec(Protocol):
         """The leaf, with its saved type, from what Orbax restored."""
 
 
+def _stored_dtype(leaf: Any, spec: LeafSpec) -> np.dtype:
+    """The dtype of the array Orbax is given for ``leaf`` (a PRNG key's data, uint32)."""
+    if spec.kind == "prng_key":  # every JAX PRNG implementation's key data
+        return np.dtype(np.uint32)
+    return hostlocal.dtype_of(spec.dtype) if spec.host_local else np.dtype(leaf.dtype)
+
+
 class SharedCodec:
     """Every process writes its part: global ``jax.Array`` s and per-process host-local rows."""
 
@@ -290,8 +346,9 @@ class SharedCodec:
 
     def encode(self, leaf: Any, spec: LeafSpec) -> tuple[Any, str | None]:
         """See :class:`Codec`."""
-        if spec.host_local:
+        if spec.host_local:  # stored as bytes: any dtype and shape
             return hostlocal.encode(leaf, spec), None
+        check_storable(spec, _stored_dtype(leaf, spec))
         if jax.process_count() > 1 and leaf.is_fully_addressable:
             return hostlocal.replicate(leaf)
         return leaf, None
@@ -321,7 +378,9 @@ class PrivateCodec:
 
         Raises:
             ValueError: For a ``jax.Array`` sharded over several processes' devices.
+            UnstorableLeafError: For a leaf Orbax cannot store (see :func:`check_storable`).
         """
+        check_storable(spec, _stored_dtype(leaf, spec))
         if spec.kind == "prng_key":
             return np.asarray(jax.random.key_data(leaf)), None
         if spec.kind == "jax":

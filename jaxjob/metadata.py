@@ -56,8 +56,8 @@ class DiskMetadataHandler:
     of the whole file. An ``OSError`` there (EIO, ENOSPC, a silent object
     store) is raised; the manager makes it a failure of that epoch's save,
     which the runner handles under ``on_save_error``. ``report`` keeps
-    every action's stats in ``history`` and logs them; failures are logged as
-    warnings.
+    every action's stats in ``history`` and logs them (failures at INFO: the
+    save raises them, or the runner logs each as one warning).
 
     Example:
         >>> import jaxjob
@@ -113,10 +113,13 @@ class DiskMetadataHandler:
         return self.db_prefix is not None and fs.writable(self.db_prefix)
 
     def report(self, action_name: str, stats: dict[str, Any]) -> None:
-        """Keeps the stats and logs them at DEBUG; failed actions are logged as warnings."""
+        """Keeps the stats and logs them: at DEBUG, failed actions at INFO.
+
+        A failed save's error is raised, or logged by the runner as one warning.
+        """
         self.history.append({"action": action_name, "time": time.time(), "stats": stats})
         failed = {k: v for k, v in stats.items() if isinstance(v, dict) and v.get("error")}
         if failed:
-            logger.warning("%s failed: %s", action_name, failed)
+            logger.info("%s failed: %s", action_name, failed)
         else:
             logger.debug("%s: %s", action_name, stats)

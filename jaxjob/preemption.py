@@ -8,6 +8,12 @@ at each epoch boundary, saves that epoch and raises :class:`jaxjob.Preempted`.
 On exit the previous handlers come back, including a handler installed
 outside Python: ``jax.distributed.initialize`` installs one for SIGTERM in
 C++ (JAX's preemption notifier), which ``signal.getsignal`` cannot see.
+
+SIGINT (Ctrl-C), unless it is one of those signals, interrupts as usual,
+except inside Orbax's calls that start a save or wait for one
+(:class:`DeferredInterrupt`: interrupted there, Orbax loses the save); the
+runner then completes the save in flight under :class:`HeldSignal` (further
+Ctrl-Cs are logged and ignored) before the KeyboardInterrupt propagates.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 from jaxjob.log import get_logger
 
-__all__ = ["SignalWatch", "check_signals"]
+__all__ = ["DeferredInterrupt", "HeldSignal", "SignalWatch", "check_signals"]
 
 logger = get_logger(__name__)
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
@@ -135,3 +141,103 @@ class SignalWatch:
             if raw is not None and libc is not None:
                 libc.sigaction(int(sig), raw, None)  # a handler installed outside Python, too
         self._previous.clear()
+
+
+class HeldSignal:
+    """Logs and ignores ``sig`` while entered, on the main thread, so that ``what`` completes.
+
+    The previous handler comes back on exit. Off the main thread it does nothing.
+
+    Args:
+        sig: The signal to hold, e.g. ``signal.SIGINT``.
+        what: What must not be torn, for the log line, e.g. ``"the save in flight"``.
+
+    Example:
+        >>> import os, signal
+        >>> with HeldSignal(signal.SIGUSR2, "an example"):
+        ...     os.kill(os.getpid(), signal.SIGUSR2)  # logged, ignored
+        >>> signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+        True
+    """
+
+    def __init__(self, sig: signal.Signals, what: str) -> None:
+        self.sig = sig
+        self.what = what
+        self._previous: Any = None
+        self._held = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        logger.warning(
+            "Received %s: ignored until %s is complete (SIGKILL stops at once; committed "
+            "epochs stay)",
+            signal.Signals(signum).name,
+            self.what,
+        )
+
+    def __enter__(self) -> HeldSignal:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(self.sig, self._handle)
+            self._held = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._held:
+            signal.signal(
+                self.sig, self._previous if self._previous is not None else signal.SIG_DFL
+            )
+            self._held = False
+
+
+class DeferredInterrupt:
+    """Holds back Ctrl-C's KeyboardInterrupt while entered; :meth:`raise_if_received` raises it.
+
+    Interrupted inside ``Thread.join`` (CPython 3.11 marks the thread stopped
+    while it runs) or inside Orbax's start of a save, Orbax loses the save
+    and its background thread fails at the interpreter's exit. Only
+    Python's own SIGINT handler is replaced, and only on the main thread;
+    another handler (a preemption watch, :class:`HeldSignal`, the user's) is
+    left alone.
+
+    Example:
+        >>> import os, signal
+        >>> deferred = DeferredInterrupt()
+        >>> with deferred:
+        ...     os.kill(os.getpid(), signal.SIGINT)  # recorded, not raised here
+        >>> deferred.received
+        True
+        >>> try:
+        ...     deferred.raise_if_received()
+        ... except KeyboardInterrupt:
+        ...     print("raised after the block")
+        raised after the block
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous: Any = None
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.received = True
+
+    def __enter__(self) -> DeferredInterrupt:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            self._previous = signal.signal(signal.SIGINT, self._record)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def raise_if_received(self) -> None:
+        """Raises the KeyboardInterrupt held back, if SIGINT arrived while entered.
+
+        Raises:
+            KeyboardInterrupt: If it did.
+        """
+        if self.received:
+            self.received = False
+            raise KeyboardInterrupt

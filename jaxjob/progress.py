@@ -9,6 +9,11 @@ epoch on stdout, e.g.::
 
     epoch 3  loss 0.2147  accuracy 0.9444  time 0.412s  save 0.012s
 
+A save that failed shows ``save FAILED`` instead of its time; the failure
+of an earlier epoch's background write, found during this epoch's save,
+shows as ``save of epoch 2 FAILED`` after the time (the record's
+``"save_failed"`` lists those epochs).
+
 Only process 0 of a multi-process job displays; every process keeps the
 history. This module and the CLI are the only parts of jaxjob that print.
 """
@@ -26,6 +31,7 @@ import numpy as np
 __all__ = ["Progress", "check_names", "format_line"]
 
 RESERVED = ("epoch", "epoch_time_s", "save_time_s")  # history keys of every record
+SAVE_FAILED = "save_failed"  # the key, only in a record whose save met failures: their epochs
 
 
 def check_names(progress: Any) -> tuple[str, ...] | None:
@@ -75,19 +81,19 @@ def format_line(record: Mapping[str, Any]) -> str:
     Example:
         >>> format_line({"epoch": 3, "loss": 0.25, "epoch_time_s": 0.5, "save_time_s": 0.01})
         'epoch 3  loss 0.2500  time 0.500s  save 0.010s'
+        >>> format_line({"epoch": 4, "epoch_time_s": 0.5, "save_time_s": 0.01, "save_failed": [4]})
+        'epoch 4  time 0.500s  save FAILED'
     """
     values = [
         f"{k} {v:.4g}" if abs(v) >= 1e4 or (v and abs(v) < 1e-3) else f"{k} {v:.4f}"
         for k, v in record.items()
-        if k not in RESERVED
+        if k not in (*RESERVED, SAVE_FAILED)
     ]
+    failed = record.get(SAVE_FAILED, [])
+    own = "save FAILED" if record["epoch"] in failed else f"save {record['save_time_s']:.3f}s"
+    earlier = [f"save of epoch {e} FAILED" for e in failed if e != record["epoch"]]
     return "  ".join(
-        [
-            f"epoch {record['epoch']}",
-            *values,
-            f"time {record['epoch_time_s']:.3f}s",
-            f"save {record['save_time_s']:.3f}s",
-        ]
+        [f"epoch {record['epoch']}", *values, f"time {record['epoch_time_s']:.3f}s", own, *earlier]
     )
 
 
@@ -137,6 +143,11 @@ class Progress:
         self.total = total
         self.display = display and names is not None
         self._bar: Any = None
+        self._failed: list[int] = []
+
+    def save_failed(self, epoch: int) -> None:
+        """Notes that the save of ``epoch`` failed: the next record shows it."""
+        self._failed.append(epoch)
 
     def epoch_done(
         self, epoch: int, ws: Mapping[str, Any], *, epoch_time_s: float, save_time_s: float
@@ -150,6 +161,8 @@ class Progress:
         record: dict[str, Any] = {"epoch": epoch}
         record.update({name: _scalar(name, ws, epoch) for name in self.names})
         record.update(epoch_time_s=epoch_time_s, save_time_s=save_time_s)
+        if self._failed:
+            record[SAVE_FAILED], self._failed = self._failed, []
         self.history.append(record)
         if self.display:
             self._show(record)

@@ -12,13 +12,14 @@ from typing import Any, Literal
 import jax
 
 from jaxjob import checks, faults, hosts
+from jaxjob.codec import UnstorableLeafError
 from jaxjob.errors import CheckpointSaveError, Preempted
 from jaxjob.interval import SaveClock, SaveInterval
 from jaxjob.job import Job
 from jaxjob.layout import db_name
 from jaxjob.log import get_logger
 from jaxjob.manager import Manager
-from jaxjob.preemption import SignalWatch, check_signals
+from jaxjob.preemption import HeldSignal, SignalWatch, check_signals
 from jaxjob.progress import Progress, check_names
 from jaxjob.session import Session, _Program
 from jaxjob.task import DEFAULT_NODE
@@ -94,7 +95,10 @@ class JobRunner:
         history: One dict per epoch that ``train`` ran on this runner:
             ``"epoch"``, the ``progress`` names' values (floats),
             ``"epoch_time_s"`` (the epoch group and its save) and
-            ``"save_time_s"`` (the part the training thread spent saving).
+            ``"save_time_s"`` (the part the training thread spent saving),
+            and, after a save failure surfaced during that epoch's save,
+            ``"save_failed"`` (the failed epochs; the progress line shows
+            ``save FAILED``).
         save_errors: The save failures met under ``on_save_error="warn"``.
 
     Example:
@@ -175,6 +179,10 @@ class JobRunner:
                 the init group creates (or holds names it no longer creates).
             Preempted: After a preemption signal, once the epoch it stopped
                 after is saved and committed.
+            KeyboardInterrupt: On Ctrl-C (SIGINT, unless in
+                ``preemption_signals``), once the save in flight is committed
+                (or, if it had not started writing, abandoned); meanwhile
+                more Ctrl-Cs are logged and ignored.
         """
         self._warned = set()
         self._progress = Progress(
@@ -187,6 +195,9 @@ class JobRunner:
         try:
             with mesh:
                 return self._train(session)
+        except KeyboardInterrupt as err:  # the save in flight is complete: stop the user's code
+            logger.debug("train was interrupted here:", exc_info=err)
+            raise err.with_traceback(None) from None  # not jaxjob's and Orbax's frames
         finally:
             self._progress.close()
 
@@ -237,8 +248,8 @@ class JobRunner:
                 finished, preempted = boundary.stop, boundary.preempted
             logger.info("%s at epoch %d", "Preempted" if preempted else "Finished training", epoch)
             self._finish_saves()
-        except BaseException:
-            self._complete_pending_after_error()
+        except BaseException as err:
+            self._complete_pending_after_error(interrupted=isinstance(err, KeyboardInterrupt))
             raise
         return epoch, preempted
 
@@ -449,6 +460,9 @@ class JobRunner:
             CheckpointSaveError: Under ``on_save_error="raise"``.
             HostTimeoutError: If another process does not arrive in time
                 (whatever the policy: the job cannot go on without it).
+            TypeError: For a leaf no save can store (a zero-size array, a
+                dtype Orbax lacks), whatever the policy, before anything is
+                written.
         """
         manager = self.checkpoint_manager
         if manager is None:
@@ -463,8 +477,8 @@ class JobRunner:
                 self._on_save_failure(err)
             manager.write_checkpoint_metadata(epoch)
             manager.report_checkpoint_stats("checkpoint_save")
-        except hosts.HostTimeoutError:
-            raise
+        except (hosts.HostTimeoutError, UnstorableLeafError):
+            raise  # the job cannot go on without the other process; no save of it can succeed
         except Exception as err:
             if not isinstance(err, CheckpointSaveError) or err.epoch == epoch:
                 where = db_name(epoch, self._nodes()[0], manager.db_prefix)
@@ -513,11 +527,13 @@ class JobRunner:
 
     def _on_save_failure(self, err: CheckpointSaveError) -> None:
         self.save_errors.append(err)
+        self._progress.save_failed(err.epoch)
         stats = {err.db_name: {"epoch": err.epoch, "error": _cause_text(err)}}
         self.checkpoint_manager.metadata_handler.report("checkpoint_save", stats)
         if self.on_save_error == "raise":
             raise err
-        logger.warning("Unable to write checkpoint for epoch %d: %s", err.epoch, err)
+        logger.warning("Unable to write checkpoint for epoch %d: %s", err.epoch, _one_line(err))
+        logger.debug("The failure of the save of epoch %d:", err.epoch, exc_info=err)
 
     def _finish_saves(self) -> None:
         if self.checkpoint_manager is None:
@@ -529,13 +545,27 @@ class JobRunner:
         self._metadata_failures()
         self._share_last_metadata()
 
-    def _complete_pending_after_error(self) -> None:
-        """Completes this process's saves in flight, without waiting on other processes."""
-        if self.checkpoint_manager is None:
+    def _complete_pending_after_error(self, *, interrupted: bool = False) -> None:
+        """Completes this process's saves in flight, without waiting on other processes.
+
+        Meanwhile SIGINT is logged and ignored: a second Ctrl-C must not tear the save.
+        """
+        manager = self.checkpoint_manager
+        if manager is None:
             return
-        for err in self.checkpoint_manager.finish_local():
+        if interrupted:
+            logger.warning(
+                "Interrupted (KeyboardInterrupt): %s",
+                "completing the save in flight before stopping"
+                if manager.has_pending()
+                else "no save was in flight; stopping",
+            )
+        with HeldSignal(signal.SIGINT, "the save in flight"):
+            failures = manager.finish_local()
+        for err in failures:
             self.save_errors.append(err)
-            logger.error("While handling an error, a pending save failed too: %s", err)
+            logger.error("While handling an error, a pending save failed too: %s", _one_line(err))
+            logger.debug("The failure of the save of epoch %d:", err.epoch, exc_info=err)
 
 
 def _shardings(tree: Any) -> list[Any]:
@@ -549,6 +579,13 @@ def _loaded_nodes(manager: Manager) -> set[str] | None:
         return None
     me = jax.process_index()
     return {name for name, m in managers if getattr(m, "owner_process", None) in (None, me)}
+
+
+def _one_line(err: BaseException) -> str:
+    """``err``'s message on one line: its first line, then how many more there are."""
+    lines = str(err).strip().splitlines() or [type(err).__name__]
+    more = f" (and {len(lines) - 1} more lines, logged at DEBUG)" if len(lines) > 1 else ""
+    return lines[0] + more
 
 
 def _as_save_error(epoch: int, where: str, err: BaseException) -> CheckpointSaveError:

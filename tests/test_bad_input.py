@@ -41,6 +41,15 @@ def manager(prefix):
     return jaxjob.CheckpointManager(prefix)
 
 
+def refused_save(prefix, workspace):
+    """Saves ``workspace`` as epoch 1, closing the manager (its lock) whatever happens."""
+    ckpt = manager(prefix)
+    try:
+        ckpt.save(1, workspace)
+    finally:
+        ckpt.close()
+
+
 def manifest_of(prefix):
     return Path(prefix) / "local.0" / "jaxjob" / "manifest.json"
 
@@ -196,6 +205,17 @@ CASES = [
         ValueError,
         r"workspace name '../x' cannot be checkpointed",
         lambda p, t: manager(p).save(1, {"../x": jnp.ones(3)}),
+    ),
+    Case(
+        "a leaf Orbax cannot store: a zero-size `jax.Array`, or dtype `uint2`, `uint4` or "
+        "`float8_e4m3` (NumPy leaves of any dtype or size are stored, as bytes)",
+        "`save` (and `train`, whatever `on_save_error`) raises a `TypeError` naming the key "
+        "path, dtype and shape; nothing is written",
+        "store it as `uint8` (`x.astype(jnp.uint8)`, or `jax.lax.bitcast_convert_type` for "
+        "float8), or keep it out of the persistent workspace",
+        TypeError,
+        r"cannot checkpoint the jax.Array at \['q'\] \(dtype uint4, shape \(4,\)\)",
+        lambda p, t: refused_save(p, {"q": jnp.zeros(4, jnp.uint4)}),
     ),
     Case(
         "a node name unsafe as a path (`../x`, `a/b`, empty, NUL)",

@@ -1,0 +1,73 @@
+"""Ctrl-C (a real SIGINT) during a save: the save in flight completes, then KeyboardInterrupt."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import jaxjob
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "interrupt_job.py")
+SIZE = 1 << 22  # float32: 16 MiB a checkpoint, so that the signal lands in a save
+
+
+def _interrupt(ckpt, after_epoch, delay_s, *extra):
+    """Runs interrupt_job.py, sends SIGINT ``delay_s`` after it printed ``EPOCH after_epoch``."""
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, str(ckpt), "--size", str(SIZE), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in proc.stdout:  # the epoch has run; its save comes next
+        if line.strip() == f"EPOCH {after_epoch}":
+            break
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, err
+
+
+def _assert_epochs_intact(ckpt, at_least):
+    """Committed epochs are 0..k (k >= at_least), each holding its values; no temporaries."""
+    epochs = jaxjob.CheckpointManager(str(ckpt)).committed_epochs()
+    assert epochs == list(range(len(epochs))) and epochs[-1] >= at_least, epochs
+    leftovers = [n for n in os.listdir(ckpt) if re.fullmatch(r"local\.\d+.+", n)]
+    assert leftovers == []
+    for epoch in epochs[-2:] if len(epochs) > 1 else epochs:
+        w = np.asarray(jaxjob.restore(str(ckpt), epoch=epoch, leaves=["w"])["w"])
+        np.testing.assert_array_equal(w, epoch + np.arange(SIZE, dtype=np.float32))
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.01, 0.02, 0.03, 0.05])
+def test_sigint_during_a_save_completes_it_then_raises_keyboard_interrupt(tmp_path, delay_s):
+    """SIGINT right after epoch 3 (its save, or the wait for epoch 2's): exit as a
+    KeyboardInterrupt does, one warning line, no traceback from jaxjob's or Orbax's threads,
+    no Orbax ERROR; the epochs committed are 0..k with k >= 2, each intact."""
+    code, err = _interrupt(tmp_path / "ckpt", 3, delay_s)
+    assert code == -signal.SIGINT, err[-3000:]
+    lines = err.splitlines()
+    assert not [line for line in lines if re.match(r"(ERROR|CRITICAL)\b", line)], err[-3000:]
+    assert "Exception in thread" not in err and "cannot schedule new futures" not in err
+    assert err.count("Traceback (most recent call last)") == 1, err[-3000:]
+    traceback = err[err.index("Traceback") :]
+    assert "orbax" not in traceback and "threading.py" not in traceback, traceback
+    assert traceback.rstrip().endswith("KeyboardInterrupt")
+    warnings = [line for line in lines if re.match(r"WARNING:(jaxjob|absl)", line)]
+    assert len(warnings) == 1 and "Interrupted (KeyboardInterrupt)" in warnings[0], err[-3000:]
+    _assert_epochs_intact(tmp_path / "ckpt", 2)
+
+
+def test_sigint_as_a_preemption_signal(tmp_path):
+    """With preemption_signals=(SIGTERM, SIGINT), Ctrl-C preempts: the epoch is saved and
+    committed and Preempted propagates (exit status 1)."""
+    code, err = _interrupt(tmp_path / "ckpt", 2, 0.0, "--sigint-preempts")
+    assert code == 1, err[-3000:]
+    assert "Received SIGINT: stopping after this epoch" in err
+    assert re.search(r"Preempted: preempted: epoch \d is saved and committed", err)
+    _assert_epochs_intact(tmp_path / "ckpt", 2)
