@@ -103,7 +103,15 @@ class _HostStep:
 
 
 def _describe(leaf: Any) -> str:
-    return f"{type(leaf).__name__} of dtype {np.dtype(leaf.dtype)} and shape {tuple(leaf.shape)}"
+    if isinstance(leaf, jax.Array):
+        kind = "jax.Array"
+    elif isinstance(leaf, np.ndarray):
+        kind = "numpy.ndarray"
+    elif isinstance(leaf, np.generic):
+        kind = "NumPy scalar"
+    else:
+        kind = type(leaf).__name__
+    return f"{kind} of dtype {np.dtype(leaf.dtype)}, shape {tuple(np.shape(leaf))}"
 
 
 def _check_kept(task: str, name: str, before: Any, after: Any) -> None:
@@ -135,12 +143,12 @@ def _check_kept(task: str, name: str, before: Any, after: Any) -> None:
             got = _describe(now) if dtype is not None else f"Python {type(now).__name__}"
             raise TypeError(
                 f"task {task!r} changed the dtype of the persistent leaf {where}: it returned "
-                f"a {got}, expected dtype {np.dtype(was.dtype)} (was a {_describe(was)}); {why}"
+                f"a {got}, expected dtype {np.dtype(was.dtype)} (it was a {_describe(was)}); {why}"
             )
         if tuple(np.shape(now)) != tuple(was.shape):
             raise ValueError(
                 f"task {task!r} changed the shape of the persistent leaf {where}: it returned "
-                f"a {_describe(now)}, expected shape {tuple(was.shape)} (was a "
+                f"a {_describe(now)}, expected shape {tuple(was.shape)} (it was a "
                 f"{_describe(was)}); {why}"
             )
 
