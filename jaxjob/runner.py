@@ -373,6 +373,9 @@ class JobRunner:
     def _run_epoch_group(self, session: Session) -> Workspace:
         """Runs the epoch group; in the first epoch after such a resume, reshards its state first.
 
+        Its host tasks must keep the types of the traced persistent leaves
+        (``Session.run``'s ``keep_traced``): what they return is saved.
+
         With a host task feeding the epoch group's jitted tasks, the state was
         restored with init's shardings (:meth:`_epoch_shardings`). Before the
         first jitted program whose inputs are all known, the epoch group is
@@ -381,11 +384,12 @@ class JobRunner:
         this epoch are moved to the traced shardings (a copy, bitwise; on one
         device nothing moves), as the previous epoch would have left them.
         """
+        group = self.job.epoch_group
         if not self._deferred_shardings:
-            return session.run(self.job.epoch_group)
+            return session.run(group, keep_traced=True)
         start = session.workspace
         names = [n for n in start if n in session.traced_names]
-        steps = session.steps(self.job.epoch_group)
+        steps = session.steps(group)
 
         def reshard(ws: Workspace) -> Workspace:
             if not self._deferred_shardings:
@@ -399,7 +403,7 @@ class JobRunner:
             return ws.set({n: jax.tree.map(_moved, ws[n], traced[n]) for n in kept})
 
         try:
-            return session.run(self.job.epoch_group, before_program=reshard)
+            return session.run(group, before_program=reshard, keep_traced=True)
         finally:
             self._deferred_shardings = False
 

@@ -187,9 +187,10 @@ class Session:
         key_nodes: The node of each persistent name (the task that set it).
         traced_names: Persistent names that jitted tasks of a persistent
             group (the init group) set. A resume restores them to the
-            abstract values those tasks trace, so a host task that returns
-            one must keep its structure, dtypes and shapes: it raises as it
-            returns otherwise. The runner sets them on resume.
+            abstract values those tasks trace, so a host task of the init or
+            the epoch group that returns one must keep its structure, dtypes
+            and shapes: it raises as it returns otherwise (see ``run``'s
+            ``keep_traced``). The runner sets them on resume.
 
     Example:
         >>> import jax.numpy as jnp, jaxjob
@@ -233,6 +234,7 @@ class Session:
         group: TaskGroup,
         *,
         before_program: Callable[[Workspace], Workspace] | None = None,
+        keep_traced: bool = False,
     ) -> Workspace:
         """Runs ``group`` on the workspace.
 
@@ -240,18 +242,22 @@ class Session:
             group: The group.
             before_program: Called with the run's workspace before each
                 jitted program of the group; the program runs on what it returns.
+            keep_traced: Check that host tasks keep the structure, dtypes and
+                shapes of :attr:`traced_names` (the runner's epoch group: what
+                it returns is saved); a persistent group is always checked.
 
         Returns:
             The run's workspace: persistent names plus the run's outputs.
             ``session.workspace`` keeps the outputs only for a persistent group.
 
         Raises:
-            TypeError: If a host task changes the structure or a dtype of a
-                name in :attr:`traced_names` (ValueError: a shape), before
+            TypeError: If a checked host task changes the structure or a dtype
+                of a name in :attr:`traced_names` (ValueError: a shape), before
                 the value reaches the workspace.
         """
         before = set(self._workspace)
         ws = self._workspace
+        traced = self.traced_names if keep_traced or group.persistent else set()
         for step in self.steps(group):
             if isinstance(step, _Program):
                 ws = ws if before_program is None else before_program(ws)
@@ -259,7 +265,7 @@ class Session:
                     self.traced_names.update(step.set_names(ws))
                 ws = step(ws)
             else:
-                ws = step(ws, self.traced_names)
+                ws = step(ws, traced)
             if group.persistent:
                 self.key_nodes.update(step.producers)
         self._workspace = ws if group.persistent else ws.select(before)

@@ -213,3 +213,25 @@ def test_killed_at_several_random_epochs_resumes_exactly(tmp_path, reference, co
         assert kill.killed
     testing.run(argv(tmp_path, loader), env=env, db_prefix=prefix)
     check_same(ref, tmp_path)
+
+
+def test_only_groups_whose_results_are_saved_are_checked(tmp_path):
+    """The exit group runs after the last save: it may cast the state (an export); Session.run
+    checks a non-persistent group only when asked (``keep_traced=True``, as the runner's epochs)."""
+    job = loader_job(2)
+    exported = []
+    job.exit_group.add(lambda ws: exported.append(1) or {"w": np.asarray(ws["w"], np.float16)})
+    session = jaxjob.Session()
+    assert jaxjob.JobRunner(job, jaxjob.CheckpointManager(str(tmp_path))).train(session) == 2
+    assert exported == [1] and session.workspace["w"].dtype == np.float16
+
+    init = jaxjob.TaskGroup(persistent=True)
+    init.add(lambda ws: {"x": jnp.zeros(3)})
+    host = jaxjob.TaskGroup(jit=False)
+    host.add(lambda ws: {"x": np.zeros(3, np.float64)}, name="cast")
+    session = jaxjob.Session()
+    session.run(init)
+    assert session.traced_names == {"x"}
+    with pytest.raises(TypeError, match=r"task 'cast' changed the dtype .*\['x'\].*float64"):
+        session.run(host, keep_traced=True)
+    assert session.run(host)["x"].dtype == np.float64
