@@ -365,7 +365,9 @@ class JobRunner:
             return targets
         traced = _traced_shardings(session.steps(self.job.epoch_group), abstract, targets)
         if traced is None:
-            logger.debug("The epoch group reads host task outputs: shardings traced in epoch 1")
+            logger.debug(
+                "The epoch group reads host task outputs: its shardings are traced in its next run"
+            )
             self._deferred_shardings = True
             return targets
         return traced
