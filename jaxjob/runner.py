@@ -24,6 +24,7 @@ from jaxjob.progress import Progress, check_names
 from jaxjob.session import Session, _Program
 from jaxjob.task import DEFAULT_NODE
 from jaxjob.upload import UploadTaskGroupBuilder
+from jaxjob.workspace import Workspace
 
 __all__ = ["JobRunner"]
 
@@ -162,6 +163,7 @@ class JobRunner:
         )
         self.preemption_signals = check_signals(preemption_signals)
         self._clock = SaveClock()
+        self._deferred_shardings = False
 
     def _nodes(self) -> list[str]:
         return self.job.nodes_to_checkpoint() or [DEFAULT_NODE]
@@ -289,6 +291,7 @@ class JobRunner:
         manager.init(self._nodes(), retrieve_from_epoch=resume)
         targets = self._restore_targets(session, manager, resume)
         session.workspace = manager.load(resume, targets=targets)
+        session.traced_names = set(targets)
         manager.report_checkpoint_stats("checkpoint_load")
         if self.resume_from_epoch is not None or resume == 0:
             return resume, False
@@ -359,24 +362,70 @@ class JobRunner:
         group from init's (until the shardings stop changing) gives them without
         running anything; the next epoch's compilation is the same one. What
         host steps set keeps the shardings it has (they cannot be traced).
+
+        A jitted task that reads what a host task of the epoch group returns
+        (a data loader's batch) cannot be traced before the load: the host
+        task's outputs are epoch outputs, not in the checkpoint, and it needs
+        the restored values (a cursor) to run. Such a job restores with init's
+        shardings and the epoch group is traced in the first epoch, right
+        before the first jitted program, with what the host tasks returned in
+        that epoch's own run (see :meth:`_run_epoch_group`): the host task
+        runs once, as in an uninterrupted run, and its outputs are the ones
+        that epoch's programs compile with.
         """
-        steps = [s for s in session.steps(self.job.epoch_group) if isinstance(s, _Program)]
-        if epoch == 0 or not steps:
+        self._deferred_shardings = False
+        if epoch == 0:
             return targets
-        for _ in range(3):  # a fixed point is reached after one epoch in practice
-            ws = {**abstract, **targets}
-            for step in steps:
-                ws.update(step.abstract(ws))
-            traced = {k: ws[k] for k in targets if k in ws}
-            if _shardings(traced) == _shardings({k: targets[k] for k in traced}):
-                break
-            targets = {**targets, **traced}
-        return targets
+        traced = _traced_shardings(session.steps(self.job.epoch_group), abstract, targets)
+        if traced is None:
+            logger.debug(
+                "The epoch group reads host task outputs: its shardings are traced in its next run"
+            )
+            self._deferred_shardings = True
+            return targets
+        return traced
+
+    def _run_epoch_group(self, session: Session) -> Workspace:
+        """Runs the epoch group; in the first epoch after such a resume, reshards its state first.
+
+        Its host tasks must keep the types of the traced persistent leaves
+        (``Session.run``'s ``keep_traced``): what they return is saved.
+
+        With a host task feeding the epoch group's jitted tasks, the state was
+        restored with init's shardings (:meth:`_epoch_shardings`). Before the
+        first jitted program whose inputs are all known, the epoch group is
+        traced on the epoch's workspace (the host outputs included) until the
+        shardings stop changing, and the state leaves not yet rewritten in
+        this epoch are moved to the traced shardings (a copy, bitwise; on one
+        device nothing moves), as the previous epoch would have left them.
+        """
+        group = self.job.epoch_group
+        if not self._deferred_shardings:
+            return session.run(group, keep_traced=True)
+        start = session.workspace
+        names = [n for n in start if n in session.traced_names]
+        steps = session.steps(group)
+
+        def reshard(ws: Workspace) -> Workspace:
+            if not self._deferred_shardings:
+                return ws
+            abstract = {k: v for k, v in ws.items() if k not in start}
+            traced = _traced_shardings(steps, {**start, **abstract}, {n: start[n] for n in names})
+            if traced is None:
+                return ws  # a later host step's outputs are missing: try at the next program
+            self._deferred_shardings = False
+            kept = [n for n in names if ws[n] is start[n]]
+            return ws.set({n: jax.tree.map(_moved, ws[n], traced[n]) for n in kept})
+
+        try:
+            return session.run(group, before_program=reshard, keep_traced=True)
+        finally:
+            self._deferred_shardings = False
 
     def _run_epoch(self, epoch: int, session: Session, watch: SignalWatch) -> _Boundary:
         logger.debug("Starting epoch %d", epoch)
         started = time.perf_counter()
-        run = session.run(self.job.epoch_group)
+        run = self._run_epoch_group(session)
         checks.warn_close_outputs(
             set(run) - set(session.workspace), session.workspace, self._warned
         )
@@ -570,6 +619,49 @@ class JobRunner:
 
 def _shardings(tree: Any) -> list[Any]:
     return [getattr(leaf, "sharding", None) for leaf in jax.tree.leaves(tree)]
+
+
+def _traced_shardings(
+    steps: Sequence[Any], abstract: dict[str, Any], targets: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``targets`` with the shardings the jitted ``steps`` leave them at their fixed point.
+
+    Returns:
+        None if a jitted step reads a name that ``abstract`` lacks and a host
+        step of ``steps`` (whose outputs cannot be traced) may set.
+
+    Raises:
+        KeyError: If a jitted step reads a missing name and no host step precedes it.
+    """
+    programs = [s for s in steps if isinstance(s, _Program)]
+    if not programs:
+        return targets
+    for _ in range(3):  # a fixed point is reached after one epoch in practice
+        ws = {**abstract, **targets}
+        host_before = False
+        for step in steps:
+            if not isinstance(step, _Program):
+                host_before = True
+                continue
+            try:
+                ws.update(step.abstract(ws))
+            except KeyError:
+                if host_before:
+                    return None
+                raise
+        traced = {k: ws[k] for k in targets if k in ws}
+        if _shardings(traced) == _shardings({k: targets[k] for k in traced}):
+            break
+        targets = {**targets, **traced}
+    return targets
+
+
+def _moved(leaf: Any, target: Any) -> Any:
+    """``leaf`` on ``target`` 's sharding (the same array if it is there already)."""
+    sharding = getattr(target, "sharding", None)
+    if not isinstance(leaf, jax.Array) or sharding is None or leaf.sharding == sharding:
+        return leaf
+    return jax.device_put(leaf, sharding)
 
 
 def _loaded_nodes(manager: Manager) -> set[str] | None:

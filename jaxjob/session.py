@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxjob.log import get_logger
 from jaxjob.task import Task, TaskGroup
@@ -85,10 +86,71 @@ class _HostStep:
         self.task = task
         self.producers: dict[str, str] = {}
 
-    def __call__(self, ws: Workspace) -> Workspace:
+    def __call__(self, ws: Workspace, traced: Collection[str] = ()) -> Workspace:
+        """Calls the task on ``ws``; the leaves of ``traced`` it returns must keep their types.
+
+        Raises:
+            TypeError: If the task changes the tree structure or a dtype of a
+                name in ``traced`` (naming the task, the key path, what it
+                returned and what was expected).
+            ValueError: If it changes a shape of one.
+        """
         result = self.task.outputs_of(self.task.fn(ws))
+        for name in sorted(set(result) & set(traced) & set(ws)):
+            _check_kept(self.task.name, name, ws[name], result[name])
         self.producers.update(dict.fromkeys(result, self.task.node))
         return ws.set(result)
+
+
+def _describe(leaf: Any) -> str:
+    if isinstance(leaf, jax.Array):
+        kind = "jax.Array"
+    elif isinstance(leaf, np.ndarray):
+        kind = "numpy.ndarray"
+    elif isinstance(leaf, np.generic):
+        kind = "NumPy scalar"
+    else:
+        kind = type(leaf).__name__
+    return f"{kind} of dtype {np.dtype(leaf.dtype)}, shape {tuple(np.shape(leaf))}"
+
+
+def _check_kept(task: str, name: str, before: Any, after: Any) -> None:
+    """Raises if a host task's value of a traced persistent name differs from ``before`` in type.
+
+    A resume restores such a name to the abstract value the init group's
+    jitted tasks (and the epoch group's) trace, so a host task that changes
+    its structure, dtype or shape would save checkpoints that cannot be
+    resumed from: it is reported here, when the task returns, before any save.
+    """
+    old, old_tree = jax.tree_util.tree_flatten_with_path(before)
+    new, new_tree = jax.tree_util.tree_flatten_with_path(after)
+    why = (
+        "a resume restores it as the init group's jitted tasks create it, so a host task must "
+        "return it with the same structure, dtypes and shapes (cast it, e.g. "
+        "jnp.asarray(x, dtype), or make the task jitted)"
+    )
+    if old_tree != new_tree:
+        raise TypeError(
+            f"task {task!r} changed the structure of the persistent leaf {name!r}: it returned "
+            f"{new_tree}, expected {old_tree}; {why}"
+        )
+    for (path, was), (_, now) in zip(old, new, strict=True):
+        if not hasattr(was, "dtype"):
+            continue
+        where = f"[{name!r}]{jax.tree_util.keystr(path)}"
+        dtype = getattr(now, "dtype", None)
+        if dtype is None or np.dtype(dtype) != np.dtype(was.dtype):
+            got = _describe(now) if dtype is not None else f"Python {type(now).__name__}"
+            raise TypeError(
+                f"task {task!r} changed the dtype of the persistent leaf {where}: it returned "
+                f"a {got}, expected dtype {np.dtype(was.dtype)} (it was a {_describe(was)}); {why}"
+            )
+        if tuple(np.shape(now)) != tuple(was.shape):
+            raise ValueError(
+                f"task {task!r} changed the shape of the persistent leaf {where}: it returned "
+                f"a {_describe(now)}, expected shape {tuple(was.shape)} (it was a "
+                f"{_describe(was)}); {why}"
+            )
 
 
 Step = _Program | _HostStep
@@ -121,6 +183,15 @@ class Session:
     Args:
         workspace: The initial workspace; empty by default.
 
+    Attributes:
+        key_nodes: The node of each persistent name (the task that set it).
+        traced_names: Persistent names that jitted tasks of a persistent
+            group (the init group) set. A resume restores them to the
+            abstract values those tasks trace, so a host task of the init or
+            the epoch group that returns one must keep its structure, dtypes
+            and shapes: it raises as it returns otherwise (see ``run``'s
+            ``keep_traced``). The runner sets them on resume.
+
     Example:
         >>> import jax.numpy as jnp, jaxjob
         >>> init = jaxjob.TaskGroup(persistent=True)
@@ -137,6 +208,7 @@ class Session:
     def __init__(self, workspace: Mapping[str, Any] | None = None) -> None:
         self.workspace = Workspace(workspace)
         self.key_nodes: dict[str, str] = {}
+        self.traced_names: set[str] = set()
         self._compiled: dict[TaskGroup, tuple[tuple[Task, ...], list[Step]]] = {}
 
     @property
@@ -157,17 +229,43 @@ class Session:
             self._compiled[group] = cached
         return cached[1]
 
-    def run(self, group: TaskGroup) -> Workspace:
+    def run(
+        self,
+        group: TaskGroup,
+        *,
+        before_program: Callable[[Workspace], Workspace] | None = None,
+        keep_traced: bool = False,
+    ) -> Workspace:
         """Runs ``group`` on the workspace.
+
+        Args:
+            group: The group.
+            before_program: Called with the run's workspace before each
+                jitted program of the group; the program runs on what it returns.
+            keep_traced: Check that host tasks keep the structure, dtypes and
+                shapes of :attr:`traced_names` (the runner's epoch group: what
+                it returns is saved); a persistent group is always checked.
 
         Returns:
             The run's workspace: persistent names plus the run's outputs.
             ``session.workspace`` keeps the outputs only for a persistent group.
+
+        Raises:
+            TypeError: If a checked host task changes the structure or a dtype
+                of a name in :attr:`traced_names` (ValueError: a shape), before
+                the value reaches the workspace.
         """
         before = set(self._workspace)
         ws = self._workspace
+        traced = self.traced_names if keep_traced or group.persistent else set()
         for step in self.steps(group):
-            ws = step(ws)
+            if isinstance(step, _Program):
+                ws = ws if before_program is None else before_program(ws)
+                if group.persistent:
+                    self.traced_names.update(step.set_names(ws))
+                ws = step(ws)
+            else:
+                ws = step(ws, traced)
             if group.persistent:
                 self.key_nodes.update(step.producers)
         self._workspace = ws if group.persistent else ws.select(before)
