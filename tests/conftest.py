@@ -2,7 +2,7 @@
 
 * Every temporary file of the run (pytest's ``tmp_path``, ``tempfile`` in tests, doctests,
   notebooks and every child process, which inherit ``TMPDIR``) lands under one directory that
-  the run removes when it ends, so the suite leaves nothing in the system's temporary folder.
+  the run removes when it exits, so the suite leaves nothing in the system's temporary folder.
 * Child processes (killed and relaunched jobs, ``jaxjob launch`` workers) compile the same small
   programs again and again; a persistent JAX compilation cache inside that directory lets each
   program compile once per run. It is only a cache of XLA executables: a hit runs the same
@@ -14,6 +14,7 @@ reference job, a multi-process job) are kept on one worker (``--dist loadgroup``
 run happens once; every other test goes to whichever worker is free.
 """
 
+import atexit
 import os
 import shutil
 import sys
@@ -25,6 +26,9 @@ _ROOT_VAR = "JAXJOB_TEST_TMP_ROOT"
 _OWNER = _ROOT_VAR not in os.environ
 if _OWNER:
     os.environ[_ROOT_VAR] = tempfile.mkdtemp(prefix="jaxjob-tests-")
+    # Registered before anything imports jaxjob, so it runs after jaxjob's own exit handlers
+    # (atexit is last-in, first-out): locks are released before their directories go.
+    atexit.register(shutil.rmtree, os.environ[_ROOT_VAR], ignore_errors=True)
 _ROOT = os.environ[_ROOT_VAR]
 os.environ["TMPDIR"] = _ROOT
 tempfile.tempdir = _ROOT
@@ -41,13 +45,6 @@ from cloud_servers import (  # noqa: E402,F401  (session fixtures: real local ob
     s3_bucket,
     s3_prefix,
 )
-
-
-def pytest_unconfigure(config):
-    """The process that made the run's temporary directory removes it."""
-    if _OWNER:
-        shutil.rmtree(_ROOT, ignore_errors=True)
-
 
 # module -> its expensive module-scoped fixture; tests using it share one xdist worker (one
 # group per fixture parameter, e.g. the 1- and 2-process references of test_testing.py).

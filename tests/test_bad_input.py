@@ -108,6 +108,16 @@ CASES = [
         lambda p, t: jaxjob.restore(p, leaves=["nope"]),
     ),
     Case(
+        '`restore(path, sharding={"parms": ...})` naming no restored key or saved name',
+        "`KeyError` listing the unmatched keys and the available names",
+        "use a name from the list",
+        KeyError,
+        r"sharding keys \['parms'\] match no restored key and no name in the checkpoint.*\['w'\]",
+        lambda p, t: jaxjob.restore(
+            p, sharding={"parms": jax.sharding.SingleDeviceSharding(jax.devices()[0])}
+        ),
+    ),
+    Case(
         "`load(epoch)` of an epoch that is not committed",
         "`FileNotFoundError` listing the committed epochs",
         "load one of them (`jaxjob ls DIR`)",
