@@ -162,6 +162,14 @@ def endpoint(path: str) -> str:
 _checked: set[str] = set()
 
 
+def _import_backend(scheme: str) -> None:
+    """Imports the fsspec package of ``scheme`` (a static import each: nothing by name)."""
+    if scheme == "gs://":
+        import gcsfs  # noqa: F401
+    else:
+        import s3fs  # noqa: F401
+
+
 def require_backend(path: str) -> None:
     """Checks that the package reaching ``path``'s object store can be imported.
 
@@ -173,7 +181,7 @@ def require_backend(path: str) -> None:
         return
     module, extra, _, _ = _BACKENDS[scheme]
     try:
-        __import__(module)
+        _import_backend(scheme)
     except ImportError as err:
         raise MissingExtraError(
             f"{path!r} needs the {module} package, which is not installed: "
