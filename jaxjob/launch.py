@@ -27,9 +27,10 @@ from typing import TextIO
 
 from jaxjob.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
-__all__ = ["GRACE_S", "launch"]
+__all__ = ["DRAIN_S", "GRACE_S", "launch"]
 
 GRACE_S = 5.0  # after the first failure: SIGTERM to the others, SIGKILL this much later
+DRAIN_S = 5.0  # once every process ended: how long their output may take to reach its end
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -199,16 +200,35 @@ def launch(
                 )
             # pumps start after the last fork: no thread of ours runs while a child forks
             pumps.extend(
-                threading.Thread(target=_pump, args=(i, p, out, lock)) for i, p in enumerate(procs)
+                threading.Thread(target=_pump, args=(i, p, out, lock), daemon=True)
+                for i, p in enumerate(procs)
             )
             for t in pumps:
                 t.start()
             status = _wait_first_failure(procs, err, grace_s)
     finally:
         _stop(procs, grace_s)  # an error in the launcher itself: leave no process behind
-    for t in pumps:
-        t.join()
+    _drain(pumps, err)
     return status
+
+
+def _drain(pumps: list[threading.Thread], err: TextIO) -> None:
+    """Lets the processes' output reach its end, for :data:`DRAIN_S` at most.
+
+    A process that started another and left it running leaves it the write
+    end of its output: that output ends only when the other process does,
+    which the launcher does not wait for.
+    """
+    deadline = time.monotonic() + DRAIN_S
+    for t in pumps:
+        t.join(max(0.0, deadline - time.monotonic()))
+    open_ = [i for i, t in enumerate(pumps) if t.is_alive()]
+    if open_:
+        err.write(
+            f"jaxjob launch: the output of processes {open_} is still open {DRAIN_S:g} s after "
+            "they ended (a process they started holds it); not waiting for it\n"
+        )
+        err.flush()
 
 
 def _wait_first_failure(procs: list[subprocess.Popen], err: TextIO, grace_s: float) -> int:
