@@ -171,7 +171,7 @@ class CheckpointManager(ManagerCore):
             is logged and retried after the next commit.
 
     The manager writes only while it holds the node's lock
-    (``<db_prefix>/<node>.lock``, see :mod:`jaxjob.lock`), taken by
+    (``<db_prefix>/.jaxjob/<node>.lock``, see :mod:`jaxjob.lock`), taken by
     :meth:`init` or the first :meth:`save`: another live writer of this node
     under this ``db_prefix`` makes them raise
     :class:`~jaxjob.CheckpointInUseError`. Once it holds the lock, it removes

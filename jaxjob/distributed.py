@@ -1,4 +1,22 @@
-"""Joining a ``jax.distributed`` job: under ``jaxjob launch``, a cluster launcher, or alone."""
+"""Joining a ``jax.distributed`` job: under ``jaxjob launch``, a cluster launcher, or alone.
+
+**A dead process.** By default JAX's coordination service, once a process
+has sent no heartbeat for ``heartbeat_timeout_seconds`` (100 s), tells every
+other process, whose C++ runtime then aborts with a stack trace, wherever
+it is. :func:`initialize` turns on ``jax_enable_recoverability`` instead: the
+service does not spread one process's death, and the survivors learn of it
+at their next cross-host wait, which raises
+:class:`~jaxjob.hosts.HostTimeoutError` naming the dead process within
+jaxjob's own timeout (the ``timeout_s`` of the runner and the manager). At
+exit the shutdown barrier then does not wait for the dead process either.
+Set ``JAX_ENABLE_RECOVERABILITY=0`` to keep JAX's abort (a survivor stuck in
+a device collective with a dead peer, which no jaxjob wait can see, is then
+ended by the heartbeat abort instead of hanging). The death of process 0,
+which hosts the service, still makes the others abort at once: JAX 0.10's
+client calls ``LOG(FATAL)`` when it loses the service, and the callback that
+would replace it cannot be set from Python (it fails with
+``std::bad_cast``).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +35,7 @@ ENV_NUM_PROCESSES = "JAXJOB_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXJOB_PROCESS_ID"
 ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
+ENV_RECOVERABILITY = "JAX_ENABLE_RECOVERABILITY"  # set: jaxjob leaves JAX's choice alone
 _CLUSTER_ENV = (
     "SLURM_JOB_ID",
     "OMPI_COMM_WORLD_SIZE",
@@ -25,7 +44,13 @@ _CLUSTER_ENV = (
 )
 
 
-def initialize() -> None:
+def _survive_dead_peers() -> None:
+    """Turns on ``jax_enable_recoverability`` unless the environment chose (see the module)."""
+    if ENV_RECOVERABILITY not in os.environ:
+        jax.config.update("jax_enable_recoverability", True)
+
+
+def initialize(*, heartbeat_timeout_s: int | None = None) -> None:
     """Joins the ``jax.distributed`` job this process belongs to; a no-op alone.
 
     Under ``jaxjob launch`` it reads ``JAXJOB_COORDINATOR``,
@@ -37,27 +62,55 @@ def initialize() -> None:
     auto-detect. A plain single process does nothing. Call it before any
     other JAX call, on every process.
 
+    A process that dies makes the others' next cross-host wait raise
+    :class:`~jaxjob.hosts.HostTimeoutError` naming it, not abort them (see
+    the module).
+
+    Args:
+        heartbeat_timeout_s: How long the coordination service hears nothing
+            from a process before it counts it dead; None: JAX's default (100 s).
+
+    Raises:
+        ValueError: If ``heartbeat_timeout_s`` is not an int >= 1.
+
     Example:
         >>> import jaxjob
         >>> jaxjob.distributed.initialize()  # a plain process: nothing to join
         >>> jax.process_count()
         1
     """
+    if heartbeat_timeout_s is not None and (
+        isinstance(heartbeat_timeout_s, bool)
+        or not isinstance(heartbeat_timeout_s, int)
+        or heartbeat_timeout_s < 1
+    ):
+        raise ValueError(
+            "heartbeat_timeout_s must be an int >= 1 (seconds) or None, got "
+            f"{heartbeat_timeout_s!r}"
+        )
+    options = (
+        {} if heartbeat_timeout_s is None else {"heartbeat_timeout_seconds": heartbeat_timeout_s}
+    )
     if ENV_COORDINATOR in os.environ:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        _survive_dead_peers()
         jax.distributed.initialize(
             coordinator_address=os.environ[ENV_COORDINATOR],
             num_processes=int(os.environ[ENV_NUM_PROCESSES]),
             process_id=int(os.environ[ENV_PROCESS_ID]),
+            **options,
         )
     elif ENV_JAX_NUM_PROCESSES in os.environ and ENV_JAX_PROCESS_ID in os.environ:
+        _survive_dead_peers()
         jax.distributed.initialize(
             coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
             num_processes=int(os.environ[ENV_JAX_NUM_PROCESSES]),
             process_id=int(os.environ[ENV_JAX_PROCESS_ID]),
+            **options,
         )
     elif any(name in os.environ for name in _CLUSTER_ENV):
-        jax.distributed.initialize()
+        _survive_dead_peers()
+        jax.distributed.initialize(**options)
     else:
         return
     logger.info("joined a jax.distributed job of %d processes", jax.process_count())

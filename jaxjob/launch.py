@@ -1,23 +1,70 @@
-"""``jaxjob launch``: start N local processes of one ``jax.distributed`` job on 127.0.0.1."""
+"""``jaxjob launch``: start N local processes of one ``jax.distributed`` job on 127.0.0.1.
+
+The processes live no longer than the launcher: on Linux each is started with
+``prctl(PR_SET_PDEATHSIG, SIGKILL)``, so the kernel kills it the moment the
+launcher dies, even by SIGKILL (which no handler of the launcher's could
+catch). A relaunch then never meets the previous launch's processes still
+holding a node's lock or the coordinator's port. Only the launcher's own
+children are covered: a command that starts further processes must stop
+them itself.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
 from jaxjob.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
-__all__ = ["launch"]
+__all__ = ["DRAIN_S", "GRACE_S", "launch"]
 
-GRACE_S = 10.0
+GRACE_S = 5.0  # after the first failure: SIGTERM to the others, SIGKILL this much later
+DRAIN_S = 5.0  # once every process ended: how long their output may take to reach its end
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _prctl() -> Callable[..., int] | None:
+    """The C library's ``prctl``, resolved in the launcher (not in a forked child), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl = libc.prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def _dies_with_launcher() -> Callable[[], None] | None:
+    """A ``preexec_fn`` making the kernel SIGKILL the child when the launcher dies (Linux).
+
+    The death signal is tied to the thread that forked the child: :func:`launch`
+    forks from the thread that then waits for every child, so it lives as
+    long as they do. A launcher that died before the child set its death
+    signal is caught by comparing the child's parent with the launcher.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    launcher = os.getpid()
+
+    def preexec() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(127)  # cannot tie its life to the launcher's: do not run untied
+        if os.getppid() != launcher:  # the launcher died before prctl
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
 
 
 def _free_port() -> int:
@@ -53,11 +100,23 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _how(returncode: int) -> str:
+    """``exited with status 3``, ``was killed by signal 9 (SIGKILL)``."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "unknown"
+    return f"was killed by signal {-returncode} ({name})"
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM to every live process, SIGKILL to those still alive ``grace_s`` later; reaps all."""
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace_s
     for proc in procs:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -91,21 +150,26 @@ def launch(
     num_processes: int,
     devices_per_process: int | None = None,
     out: TextIO | None = None,
+    err: TextIO | None = None,
+    grace_s: float = GRACE_S,
 ) -> int:
     """Runs ``command`` as ``num_processes`` processes of one job; returns the job's exit status.
 
     Each process gets ``JAXJOB_COORDINATOR`` (127.0.0.1 and a free port),
     ``JAXJOB_NUM_PROCESSES`` and ``JAXJOB_PROCESS_ID``, which
     :func:`jaxjob.distributed.initialize` reads. Each output line is
-    prefixed with ``[process=i]``. When a process exits non-zero, the others
-    are stopped (SIGTERM, then SIGKILL after 10 s) and its status is returned
-    (128 + N for a process killed by signal N). A SIGTERM sent to the
+    prefixed with ``[process=i]``. When a process exits non-zero, one line on
+    ``err`` names it and how it ended, the others are stopped (SIGTERM, then
+    SIGKILL after ``grace_s``) and its status is returned (128 + N for a
+    process killed by signal N). If the launcher dies, even by SIGKILL, the
+    kernel kills every process (Linux; see the module). A SIGTERM sent to the
     launcher, the way a scheduler preempts a job, is passed on to every
     process (a :class:`jaxjob.JobRunner` then saves the running epoch and
     raises :class:`jaxjob.Preempted` on every process).
 
     Raises:
-        ValueError: If ``command`` is empty or a count is below 1.
+        ValueError: If ``command`` is empty, a count is below 1 or
+            ``grace_s`` is negative.
     """
     if not command:
         raise ValueError("command is empty; give the program to run after --")
@@ -114,38 +178,92 @@ def launch(
             f"num_processes and devices_per_process must be >= 1, got "
             f"{num_processes} and {devices_per_process}"
         )
-    out = out or sys.stdout
+    if isinstance(grace_s, bool) or not grace_s >= 0:
+        raise ValueError(f"grace_s must be a number of seconds >= 0, got {grace_s!r}")
+    out, err = out or sys.stdout, err or sys.stderr
     port, lock = _free_port(), threading.Lock()
     procs: list[subprocess.Popen] = []
-    with _forwarding_sigterm(procs):
-        procs.extend(
-            subprocess.Popen(
-                list(command),
-                env=_env(i, num_processes, port, devices_per_process),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
+    pumps: list[threading.Thread] = []
+    preexec = _dies_with_launcher()
+    try:
+        with _forwarding_sigterm(procs):
+            for i in range(num_processes):
+                procs.append(
+                    subprocess.Popen(
+                        list(command),
+                        env=_env(i, num_processes, port, devices_per_process),
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        preexec_fn=preexec,
+                    )
+                )
+            # pumps start after the last fork: no thread of ours runs while a child forks
+            pumps.extend(
+                threading.Thread(target=_pump, args=(i, p, out, lock), daemon=True)
+                for i, p in enumerate(procs)
             )
-            for i in range(num_processes)
-        )
-        pumps = [
-            threading.Thread(target=_pump, args=(i, p, out, lock)) for i, p in enumerate(procs)
-        ]
-        for t in pumps:
-            t.start()
-        status = _wait_first_failure(procs)
-    for t in pumps:
-        t.join()
+            for t in pumps:
+                t.start()
+            status = _wait_first_failure(procs, err, grace_s)
+    finally:
+        _stop(procs, grace_s)  # an error in the launcher itself: leave no process behind
+    _drain(pumps, err)
     return status
 
 
-def _wait_first_failure(procs: list[subprocess.Popen]) -> int:
-    while True:
-        codes = [p.poll() for p in procs]
-        failed = [c for c in codes if c not in (None, 0)]
-        if failed:
-            _stop(procs)
-            return _exit_status(failed[0])
-        if all(c == 0 for c in codes):
-            return 0
-        time.sleep(0.05)
+def _drain(pumps: list[threading.Thread], err: TextIO) -> None:
+    """Lets the processes' output reach its end, for :data:`DRAIN_S` at most.
+
+    A process that started another and left it running leaves it the write
+    end of its output: that output ends only when the other process does,
+    which the launcher does not wait for.
+    """
+    deadline = time.monotonic() + DRAIN_S
+    for t in pumps:
+        t.join(max(0.0, deadline - time.monotonic()))
+    open_ = [i for i, t in enumerate(pumps) if t.is_alive()]
+    if open_:
+        err.write(
+            f"jaxjob launch: the output of processes {open_} is still open {DRAIN_S:g} s after "
+            "they ended (a process they started holds it); not waiting for it\n"
+        )
+        err.flush()
+
+
+def _wait_first_failure(procs: list[subprocess.Popen], err: TextIO, grace_s: float) -> int:
+    """Waits for every process; on the first failure reports it and stops the others.
+
+    One thread per process waits for it, so exits are seen in the order they
+    happen, and the process named is the one that failed first.
+    """
+    ended: queue.Queue[tuple[int, int]] = queue.Queue()
+    for i, proc in enumerate(procs):
+        threading.Thread(
+            target=lambda i=i, proc=proc: ended.put((i, proc.wait())),
+            name=f"jaxjob-launch wait {i}",
+            daemon=True,
+        ).start()
+    for _ in procs:
+        while True:  # a timeout keeps the SIGTERM handler running promptly
+            try:
+                first, code = ended.get(timeout=0.1)
+                break
+            except queue.Empty:
+                continue
+        if code == 0:
+            continue
+        running = [i for i, p in enumerate(procs) if p.poll() is None]
+        stopping = (
+            f"; stopping processes {running} (SIGTERM, then SIGKILL after {grace_s:g} s)"
+            if running
+            else ""
+        )
+        err.write(
+            f"jaxjob launch: process {first} of {len(procs)} failed first: it "
+            f"{_how(code)}{stopping}\n"
+        )
+        err.flush()
+        _stop(procs, grace_s)
+        return _exit_status(code)
+    return 0

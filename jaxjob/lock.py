@@ -1,18 +1,24 @@
 """One writer per node and directory: the lock a checkpoint manager holds while it writes.
 
-The lock of node ``n`` under ``db_prefix`` is the file ``<db_prefix>/n.lock``,
-a small JSON record naming its holder (host, pid, start time) and when the
-holder last renewed it. A manager takes it before its first write (``init``
-or the first ``save``), keeps it while it lives and releases it on
-``close()`` or when the process exits. Reading (``load``, ``restore``, the
+The lock of node ``n`` under ``db_prefix`` is the file
+``<db_prefix>/.jaxjob/n.lock`` (:func:`lock_path`), a small JSON record
+naming its holder (host, pid, start time) and when the holder last renewed
+it. It lies in the folder :data:`LOCK_DIR` so that nothing of jaxjob's own
+sits beside the checkpoint directories ``<node>.<epoch>``: a
+``glob("n.*")`` finds only those. The folder is removed with the last lock
+in it. A manager takes it before its first write (``init`` or the first
+``save``), keeps it while it lives and releases it on ``close()`` or when
+the process exits. Reading (``load``, ``restore``, the
 CLI) never takes it.
 
 * **Another live writer**: taking the lock fails with
   :class:`~jaxjob.CheckpointInUseError` naming the holder, before anything
   is written.
-* **A dead holder** is taken over: on the same host when its pid is gone (or
-  belongs to another process since), on another host when it has not
-  renewed the lock for :data:`LEASE_S` seconds. A background thread renews
+* **A dead holder** is taken over: on the same host at once when its pid is
+  gone, belongs to another process since, or is a zombie (killed but not
+  yet reaped by its parent or by init, which may take seconds, or never
+  happen in a container without a reaping init); on another host when it
+  has not renewed the lock for :data:`LEASE_S` seconds. A background thread renews
   it every :data:`LEASE_S` / 4 seconds. Hosts' clocks must agree to well
   within :data:`LEASE_S`.
 * **One job, one lock**: in a ``jax.distributed`` job process 0 takes it for
@@ -31,8 +37,10 @@ Every read-modify-write of the record happens under an exclusive
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -49,20 +57,47 @@ from jaxjob import faults, fs, hosts
 from jaxjob.errors import CheckpointInUseError
 from jaxjob.log import get_logger
 
-__all__ = ["LEASE_S", "Holder", "WriterLock", "acquire"]
+__all__ = ["LEASE_S", "LOCK_DIR", "Holder", "WriterLock", "acquire", "lock_path"]
 
 logger = get_logger(__name__)
 
 LEASE_S = 60.0
+LOCK_DIR = ".jaxjob"  # under db_prefix: the locks of its nodes, outside the ``<node>.*`` names
+
+
+def lock_path(db_prefix: str, node_name: str) -> str:
+    """The lock record of ``node_name`` under ``db_prefix``.
+
+    Example:
+        >>> lock_path("/ckpt", "trainer_0")
+        '/ckpt/.jaxjob/trainer_0.lock'
+    """
+    return fs.join(db_prefix, LOCK_DIR, f"{node_name}.lock")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), if readable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _pid_start(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (tells a reused pid apart), if known."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _pid_dead(pid: int) -> bool:
+    """Whether ``pid`` is a zombie or dying: it exited (or was killed) but is not reaped yet.
+
+    Such a process holds no files and runs no code: its lock is free, though
+    ``kill(pid, 0)`` still succeeds until its parent (or init) reaps it.
+    """
+    fields = _stat_fields(pid)
+    return fields is not None and bool(fields) and fields[0] in ("Z", "X", "x")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +135,8 @@ class Holder:
                 return self.token in mine
             if self.pid_start is not None and _pid_start(self.pid) not in (None, self.pid_start):
                 return False
+            if _pid_dead(self.pid):
+                return False
             try:
                 os.kill(self.pid, 0)
             except ProcessLookupError:
@@ -113,17 +150,26 @@ class Holder:
 class _LocalRecord:
     """The lock file on local (or network) disk; changes under an exclusive ``flock``.
 
-    A released lock's file is deleted. A process that waited for the ``flock``
-    of a file deleted meanwhile sees another inode at the path and starts over.
+    A released lock's file is deleted, and its folder with the last lock in
+    it. A process that waited for the ``flock`` of a file deleted meanwhile
+    sees another inode at the path and starts over.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def change(self, fn: Callable[[Holder | None], Holder | None]) -> Holder | None:
-        """Replaces the record by ``fn(record)`` atomically (None deletes it); returns it."""
+    def change(
+        self, fn: Callable[[Holder | None], Holder | None], *, create: bool = False
+    ) -> Holder | None:
+        """Replaces the record by ``fn(record)`` atomically (None deletes it); returns it.
+
+        Args:
+            fn: The change.
+            create: Whether to create the lock folder (taking the lock);
+                otherwise a missing folder raises ``FileNotFoundError``.
+        """
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(create)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if _same_file(fd, self.path):
@@ -131,10 +177,29 @@ class _LocalRecord:
             finally:
                 os.close(fd)  # releases the flock
 
+    def _open(self, create: bool) -> int:
+        """Opens (creating) the lock file; ``create``: and its folder in the existing db_prefix."""
+        for _ in range(100):
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(os.path.dirname(self.path))
+            try:
+                return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                # another node's release removed the folder between our mkdir and open
+        raise OSError(f"could not create the lock file {self.path}: its folder keeps vanishing")
+
     def _change(self, fd: int, fn: Callable[[Holder | None], Holder | None]) -> Holder | None:
         new = fn(_parse(os.pread(fd, 1 << 16, 0).decode(errors="replace")))
         if new is None:
             os.unlink(self.path)
+            try:
+                os.rmdir(os.path.dirname(self.path))
+            except OSError as err:  # other nodes' locks are in it, or it is gone
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    raise
             return None
         data = json.dumps(dataclasses.asdict(new)).encode()
         os.ftruncate(fd, 0)
@@ -156,7 +221,13 @@ class _RemoteRecord:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def change(self, fn: Callable[[Holder | None], Holder | None]) -> Holder | None:
+    def change(
+        self, fn: Callable[[Holder | None], Holder | None], *, create: bool = False
+    ) -> Holder | None:
+        """Replaces the record by ``fn(record)`` (None deletes it); returns it.
+
+        ``create`` is for the local record's signature: an object store has no folders.
+        """
         current = _parse(fs.read_text(self.path)) if fs.exists(self.path) else None
         new = fn(current)
         if new is None:
@@ -207,7 +278,7 @@ class WriterLock:
     """This process's hold on the lock of one node under one ``db_prefix``."""
 
     def __init__(self, db_prefix: str, node_name: str, *, lease_s: float = LEASE_S) -> None:
-        self.path = fs.join(db_prefix, f"{node_name}.lock")
+        self.path = lock_path(db_prefix, node_name)
         self.lease_s = lease_s
         self._record = (_RemoteRecord if fs.is_remote(self.path) else _LocalRecord)(self.path)
         self._holder: Holder | None = None
@@ -230,7 +301,7 @@ class WriterLock:
                     f"{self.path} is held by another writer ({current.describe()}); "
                     "another job or a second launch writes this node under this db_prefix. "
                     "Stop it, or write to another db_prefix; a dead holder's lock is taken "
-                    "over (same host: once its pid is gone; another host: after "
+                    "over (same host: once its pid is gone or a zombie; another host: after "
                     f"{self.lease_s:g} s)"
                 )
             if current is not None:
@@ -241,7 +312,7 @@ class WriterLock:
             return mine
 
         try:
-            self._holder = self._record.change(decide)
+            self._holder = self._record.change(decide, create=True)
         except _Lost:
             raise CheckpointInUseError(
                 f"{self.path} was taken by another writer just now"

@@ -16,7 +16,10 @@ compare the two final workspaces bit for bit::
     testing.assert_bitwise_equal("ref/out", "x/out")
 
 The child runs ``python ARGV...``, or with ``processes=N`` every process of
-``python -m jaxjob.cli launch -n N -- python ARGV...``. The restart is checked
+``python -m jaxjob.cli launch -n N -- python ARGV...``, in a process group
+of its own; a run ends only once every process of that group has exited
+(what is left is SIGKILLed), so a restart never meets the killed job's
+processes holding its lock or its port. The restart is checked
 to resume from the newest epoch committed when the job was killed: that
 checkpoint directory must come through the restart untouched (a job that
 starts again from scratch rewrites it). The checks need ``db_prefix`` on
@@ -40,6 +43,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,6 +66,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 600.0
+EXIT_WAIT_S = 60.0  # how long every process of an ended job may take to exit after SIGKILL
 _KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)  # a plain child; the launcher's status
 
 
@@ -153,25 +159,103 @@ def _start(command: list[str], env: Mapping[str, str] | None) -> subprocess.Pope
     )
 
 
+def _running_in_group(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` still running (a zombie has exited: not listed).
+
+    Read from ``/proc`` on Linux; elsewhere any member, zombies included, counts.
+    """
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        return [pgid]
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):  # it exited while we looked
+            continue
+        if int(group) == pgid and state not in ("Z", "X", "x"):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def _end_group(pgid: int, output: list[str], timeout_s: float = EXIT_WAIT_S) -> None:
+    """SIGKILLs what is left of process group ``pgid`` and waits until every process exited.
+
+    The launcher of a multi-process job exits before the processes it
+    started are gone (killed with it, or left behind); a restart meeting one
+    of them would find the node's lock held or the coordinator's port taken.
+
+    Raises:
+        AssertionError: If some process still runs ``timeout_s`` after SIGKILL.
+    """
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # every process of the group is gone and reaped
+        return
+    deadline = time.monotonic() + timeout_s
+    while running := _running_in_group(pgid):
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"processes {running} of the job (process group {pgid}) still run {timeout_s:g} s "
+                f"after SIGKILL (stuck in the kernel, e.g. on I/O?). Output:\n"
+                f"{''.join(output)[-4000:]}"
+            )
+        time.sleep(0.02)
+
+
+def _read_lines(stream: Any, into: list[str]) -> None:
+    for line in stream:
+        into.append(line)
+
+
 def _wait(proc: subprocess.Popen, timeout_s: float, delay_s: float | None) -> tuple[int, str]:
     """Waits for ``proc``, reading its output, and kills its process group after ``delay_s``.
+
+    It returns only once every process of the group has exited (what is
+    left when ``proc`` ends is killed), so a restart meets none of them. A
+    process the job started and left running holds its output open: the
+    output is read to its end only after that.
 
     Returns:
         Its exit status and output.
 
     Raises:
-        AssertionError: If it runs past ``timeout_s`` (it is killed).
+        AssertionError: If it runs past ``timeout_s`` (it is killed), or a
+            process of its group does not exit within :data:`EXIT_WAIT_S` of
+            SIGKILL, or its output stays open that long after (a process
+            that left the group holds it).
     """
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=_read_lines, args=(proc.stdout, lines), name="jaxjob-testing output", daemon=True
+    )
+    reader.start()
     killing = delay_s is not None and delay_s < timeout_s
     try:
-        output, _ = proc.communicate(timeout=delay_s if killing else timeout_s)
+        proc.wait(timeout=delay_s if killing else timeout_s)
+        timed_out = False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        if not killing:
-            raise AssertionError(
-                f"the job did not end within {timeout_s} s. Output:\n{output[-4000:]}"
-            ) from None
+        proc.wait()
+        timed_out = not killing
+    _end_group(proc.pid, lines)
+    reader.join(EXIT_WAIT_S)
+    output = "".join(lines)
+    if reader.is_alive():
+        raise AssertionError(
+            f"the job's output stayed open {EXIT_WAIT_S:g} s after every process of its process "
+            f"group {proc.pid} exited: a process it started left the group (setsid?) and still "
+            f"runs. Output:\n{output[-4000:]}"
+        )
+    proc.stdout.close()
+    if timed_out:
+        raise AssertionError(f"the job did not end within {timeout_s} s. Output:\n{output[-4000:]}")
     return proc.returncode, output
 
 

@@ -47,7 +47,83 @@ def test_first_failure_status_is_returned_and_others_stopped():
 def test_signal_death_maps_to_128_plus_signal():
     """A process killed by SIGKILL gives status 137."""
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
-    assert _launch("-n", "1", "--", sys.executable, "-c", code).returncode == 137
+    proc = _launch("-n", "1", "--", sys.executable, "-c", code)
+    assert proc.returncode == 137
+    assert "process 0 of 1 failed first: it was killed by signal 9 (SIGKILL)" in proc.stderr
+
+
+def _gone(pid):
+    """Whether ``pid`` has exited: no such process, or a zombie its new parent has not reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+SLEEPER = """
+import os, sys, time
+print("READY", os.environ["JAXJOB_PROCESS_ID"], os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigkill_of_the_launcher_ends_every_process(tmp_path):
+    """kill -9 of `jaxjob launch` (no handler can run) still ends its processes within seconds."""
+    (tmp_path / "job.py").write_text(SLEEPER)
+    argv = [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--"]
+    proc = subprocess.Popen(
+        argv + [sys.executable, str(tmp_path / "job.py")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        ready = [proc.stdout.readline().split() for _ in range(2)]
+        pids = [int(line[-1]) for line in ready]
+        assert sorted(line[:3] for line in ready) == [
+            ["[process=0]", "READY", "0"],
+            ["[process=1]", "READY", "1"],
+        ]
+        assert not any(_gone(pid) for pid in pids)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 10
+        while not all(_gone(pid) for pid in pids):
+            assert time.monotonic() < deadline, f"processes {pids} outlived the launcher by 10 s"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+STUBBORN = """
+import os, signal, sys, time
+i, ready = int(os.environ["JAXJOB_PROCESS_ID"]), sys.argv[1]
+if i == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL stops it
+    print("PID", os.getpid(), flush=True)
+    open(ready, "w").close()
+    time.sleep(600)
+while not os.path.exists(ready):
+    time.sleep(0.01)
+sys.exit(1)
+"""
+
+
+def test_first_failure_is_named_and_the_others_are_killed_after_the_grace(tmp_path):
+    """Process 1 exits 1: stderr names it, process 0 (ignoring SIGTERM) is SIGKILLed after
+    GRACE_S, and launch returns 1."""
+    (tmp_path / "job.py").write_text(STUBBORN)
+    start = time.monotonic()
+    proc = _launch("-n", "2", "--", sys.executable, str(tmp_path / "job.py"), str(tmp_path / "r"))
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    grace = jaxjob.launch.GRACE_S
+    assert (
+        "jaxjob launch: process 1 of 2 failed first: it exited with status 1; stopping "
+        f"processes [0] (SIGTERM, then SIGKILL after {grace:g} s)"
+    ) in proc.stderr
+    assert grace <= elapsed < 60
+    pid = int(proc.stdout.split("[process=0] PID ")[1].split()[0])
+    assert _gone(pid)
 
 
 def test_distributed_initialize_joins_under_launch():

@@ -14,12 +14,20 @@ import numpy as np
 import pytest
 
 import jaxjob
+import jaxjob.cli
+import jaxjob.listing
+import jaxjob.verify
 from jaxjob import faults, fs, lock
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
 
 
+def _lock_file(db_prefix):
+    return db_prefix / ".jaxjob" / "local.lock"
+
+
 def _write_record(path, **changes):
+    path.parent.mkdir(exist_ok=True)
     holder = dataclasses.replace(lock.Holder.me(), **changes)
     path.write_text(json.dumps(dataclasses.asdict(holder)))
     return holder
@@ -31,7 +39,7 @@ def _record(path):
 
 def test_a_live_holder_on_another_host_makes_init_fail_naming_it(tmp_path):
     """A lease renewed just now by another host: init raises CheckpointInUseError naming it."""
-    _write_record(tmp_path / "local.lock", host="node-7", pid=4242, started=0.0)
+    _write_record(_lock_file(tmp_path), host="node-7", pid=4242, started=0.0)
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     with pytest.raises(
         jaxjob.CheckpointInUseError,
@@ -40,7 +48,7 @@ def test_a_live_holder_on_another_host_makes_init_fail_naming_it(tmp_path):
         ckpt.init()
     with pytest.raises(jaxjob.CheckpointInUseError, match="node-7"):
         ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(2)}))
-    assert sorted(os.listdir(tmp_path)) == ["local.lock"]  # nothing written
+    assert sorted(os.listdir(tmp_path)) == [".jaxjob"]  # nothing written but the lock
 
 
 @pytest.mark.parametrize(
@@ -55,14 +63,71 @@ def test_a_dead_holders_lock_is_taken_over(tmp_path, stale, caplog):
     """A holder whose lease lapsed or whose pid is gone is taken over, with one INFO line."""
     caplog.set_level("INFO", logger="jaxjob")
     pid = stale.get("pid", os.getppid() if "pid_start" in stale else os.getpid())
-    _write_record(tmp_path / "local.lock", **{**stale, "pid": pid})
+    _write_record(_lock_file(tmp_path), **{**stale, "pid": pid})
     ckpt = jaxjob.CheckpointManager(str(tmp_path), async_save=False)
     ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(2)}))
     assert "Taking over the lock" in caplog.text
-    record = _record(tmp_path / "local.lock")
+    record = _record(_lock_file(tmp_path))
     assert (record["host"], record["pid"]) == (socket.gethostname(), os.getpid())
     ckpt.close()
-    assert not (tmp_path / "local.lock").exists()  # released
+    assert not _lock_file(tmp_path).exists()  # released
+
+
+def _zombie():
+    """A child killed by SIGKILL and not reaped yet: state Z in /proc, kill(pid, 0) succeeds."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    start = lock._pid_start(child.pid)
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while (lock._stat_fields(child.pid) or ["?"])[0] != "Z":
+        assert time.monotonic() < deadline, f"pid {child.pid} did not become a zombie"
+        time.sleep(0.01)
+    os.kill(child.pid, 0)  # still "exists" for a signal check: the old liveness test
+    return child, start
+
+
+def test_a_zombie_holders_lock_is_taken_over_at_once(tmp_path, caplog):
+    """A holder killed but not yet reaped (a zombie) is dead: its lock is taken over at once."""
+    caplog.set_level("INFO", logger="jaxjob")
+    child, start = _zombie()
+    try:
+        _write_record(_lock_file(tmp_path), pid=child.pid, pid_start=start)
+        ckpt = jaxjob.CheckpointManager(str(tmp_path), async_save=False)
+        ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(2)}))
+        assert f"pid {child.pid}" in caplog.text and "Taking over the lock" in caplog.text
+        assert _record(_lock_file(tmp_path))["pid"] == os.getpid()
+        ckpt.close()
+    finally:
+        child.wait()  # reaped only now
+
+
+def test_the_lock_lies_outside_the_node_names(tmp_path):
+    """Under a live writer's db_prefix, glob("<node>.*") finds only epoch directories.
+
+    Listing, ls, verify, restore and retention ignore the lock folder; it is
+    removed with the last node's lock.
+    """
+    import glob
+
+    a = jaxjob.CheckpointManager(str(tmp_path), "a", async_save=False, keep=jaxjob.keep.Last(2))
+    b = jaxjob.CheckpointManager(str(tmp_path), "b", async_save=False)
+    for epoch in range(3):
+        a.save(epoch, jaxjob.Workspace({"w": jnp.full(2, epoch)}))
+    b.save(0, jaxjob.Workspace({"w": jnp.ones(2)}))
+    assert _record(tmp_path / ".jaxjob" / "a.lock")["pid"] == os.getpid()  # both live
+    assert _record(tmp_path / ".jaxjob" / "b.lock")["pid"] == os.getpid()
+    assert sorted(glob.glob(f"{tmp_path}/a.*")) == [f"{tmp_path}/a.1", f"{tmp_path}/a.2"]
+    assert glob.glob(f"{tmp_path}/b.*") == [f"{tmp_path}/b.0"]
+    assert sorted(os.listdir(tmp_path)) == [".jaxjob", "a.1", "a.2", "b.0"]
+    rows = jaxjob.listing.list_checkpoints(str(tmp_path))
+    assert [(r.node, r.epoch) for r in rows] == [("a", 1), ("a", 2), ("b", 0)]
+    assert jaxjob.verify.verify(str(tmp_path)) == []
+    assert jaxjob.cli.main(["ls", str(tmp_path)]) == 0
+    np.testing.assert_array_equal(jaxjob.restore(str(tmp_path), node_name="a")["w"], [2, 2])
+    a.close()
+    assert sorted(os.listdir(tmp_path / ".jaxjob")) == ["b.lock"]  # b's lock stays
+    b.close()
+    assert sorted(os.listdir(tmp_path)) == ["a.1", "a.2", "b.0"]  # the folder went with it
 
 
 def test_managers_of_one_process_share_the_lock_and_reading_needs_none(tmp_path):
@@ -72,10 +137,10 @@ def test_managers_of_one_process_share_the_lock_and_reading_needs_none(tmp_path)
     second = jaxjob.CheckpointManager(str(tmp_path), async_save=False)  # a re-run notebook cell
     second.save(1, jaxjob.Workspace({"w": jnp.zeros(2)}))
     first.close()
-    assert _record(tmp_path / "local.lock")["pid"] == os.getpid()  # second still holds it
+    assert _record(_lock_file(tmp_path))["pid"] == os.getpid()  # second still holds it
     second.close()
-    assert not (tmp_path / "local.lock").exists()
-    _write_record(tmp_path / "local.lock", host="node-7")  # a live writer elsewhere
+    assert not _lock_file(tmp_path).exists()
+    _write_record(_lock_file(tmp_path), host="node-7")  # a live writer elsewhere
     np.testing.assert_array_equal(jaxjob.restore(str(tmp_path), leaves=["w"])["w"], [0.0, 0.0])
     np.testing.assert_array_equal(jaxjob.CheckpointManager(str(tmp_path)).load(0)["w"], [1, 1])
 
@@ -84,12 +149,12 @@ def test_the_holder_renews_its_lease_in_the_background(tmp_path):
     """The lease's renewal time advances while the lock is held, and stops on release."""
     held = lock.WriterLock(str(tmp_path), "local", lease_s=0.4)
     held.take()
-    first = _record(tmp_path / "local.lock")["renewed"]
+    first = _record(_lock_file(tmp_path))["renewed"]
     time.sleep(0.6)
-    renewed = _record(tmp_path / "local.lock")["renewed"]
+    renewed = _record(_lock_file(tmp_path))["renewed"]
     held.release()
     assert renewed > first
-    assert not (tmp_path / "local.lock").exists()
+    assert not _lock_file(tmp_path).exists()
 
 
 def test_a_deleted_directory_loses_the_lock_once_and_stops_renewing(tmp_path):
@@ -131,7 +196,7 @@ def test_second_process_fails_then_takes_over_once_the_holder_is_killed(tmp_path
     """A second run on a live writer's directory fails naming it; after kill -9 it takes over."""
     holder = _child(tmp_path, "--epochs", "1000", "--sleep-per-epoch", "0.2")
     try:
-        _wait_for_holder(tmp_path / "local.lock", {holder.pid})
+        _wait_for_holder(_lock_file(tmp_path), {holder.pid})
         second = _child(tmp_path, "--epochs", "2")
         out, err = second.communicate(timeout=300)
         assert second.returncode == 3, err[-2000:]
@@ -143,13 +208,13 @@ def test_second_process_fails_then_takes_over_once_the_holder_is_killed(tmp_path
     dying = _child(tmp_path, "--epochs", "2", env={faults.KILL_AT_ENV: "lock.takeover"})
     dying.communicate(timeout=300)
     assert dying.returncode == -signal.SIGKILL  # killed while taking over: nothing changed
-    assert _record(tmp_path / "local.lock")["pid"] == holder.pid
+    assert _record(_lock_file(tmp_path))["pid"] == holder.pid
     third = _child(tmp_path, "--epochs", "2")
     out, err = third.communicate(timeout=300)
     assert third.returncode == 0, err[-2000:]
-    assert f"Taking over the lock {tmp_path}/local.lock of a dead writer" in err
+    assert f"Taking over the lock {tmp_path}/.jaxjob/local.lock of a dead writer" in err
     assert f"pid {holder.pid}" in err
-    assert not (tmp_path / "local.lock").exists()  # released at exit
+    assert not _lock_file(tmp_path).exists()  # released at exit
 
 
 @pytest.mark.slow
@@ -165,10 +230,10 @@ def test_processes_of_one_job_share_one_lock(tmp_path):
     )
     try:
         deadline = time.monotonic() + 120
-        while not _record(tmp_path / "local.lock"):
+        while not _record(_lock_file(tmp_path)):
             assert time.monotonic() < deadline and job.poll() is None, job.stderr.read()[-3000:]
             time.sleep(0.1)
-        record = _record(tmp_path / "local.lock")
+        record = _record(_lock_file(tmp_path))
         assert record["processes"] == 2
         other = _child(tmp_path, "--epochs", "2")
         out, err = other.communicate(timeout=300)
@@ -180,7 +245,7 @@ def test_processes_of_one_job_share_one_lock(tmp_path):
             job.kill()
     assert job.returncode == 0, err[-3000:]
     assert out.count("finished at epoch 12") == 2
-    assert not (tmp_path / "local.lock").exists()
+    assert not _lock_file(tmp_path).exists()
     assert jaxjob.CheckpointManager(str(tmp_path)).committed_epochs() == [11, 12]  # one deleter
 
 
@@ -188,7 +253,7 @@ def test_processes_of_one_job_share_one_lock(tmp_path):
 def test_the_lock_on_an_object_store_is_an_object(store, request):
     """On gs:// and s3:// a live holder's lock object refuses, a lapsed one is taken over."""
     prefix = request.getfixturevalue(f"{store}_prefix")
-    path = f"{prefix}/local.lock"
+    path = f"{prefix}/.jaxjob/local.lock"
     live = dataclasses.replace(lock.Holder.me(), host="node-7", pid=4242)
     fs.write_text(path, json.dumps(dataclasses.asdict(live)))
     with pytest.raises(

@@ -138,6 +138,47 @@ def test_a_job_that_never_reaches_the_point_fails_the_check(tmp_path):
         testing.run_killed([str(script)], str(tmp_path / "ckpt"), kill_at="save.write")
 
 
+LEAVES_A_CHILD = """
+import os, subprocess, sys, time
+from jaxjob import faults
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+me, n = os.environ.get("JAXJOB_PROCESS_ID", "0"), int(os.environ.get("JAXJOB_NUM_PROCESSES", 1))
+with open(f"{sys.argv[1]}.{me}.tmp", "w") as f:
+    f.write(str(child.pid))
+os.rename(f"{sys.argv[1]}.{me}.tmp", f"{sys.argv[1]}.{me}")
+while not all(os.path.exists(f"{sys.argv[1]}.{i}") for i in range(n)):
+    time.sleep(0.01)  # every process has started its child
+faults.point("epoch")
+"""
+
+
+def _gone(pid):
+    """Whether ``pid`` has exited: no such process, or a zombie not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_killed_run_returns_only_once_every_process_of_the_job_exited(tmp_path, processes):
+    """Processes the job started (here one per process, never waited for) are killed and gone
+    when run_killed returns: a restart meets none of them."""
+    script = tmp_path / "job.py"
+    script.write_text(LEAVES_A_CHILD)
+    kill = testing.run_killed(
+        [str(script), str(tmp_path / "pid")],
+        str(tmp_path / "ckpt"),
+        kill_at="epoch",
+        processes=processes,
+        timeout_s=120,  # before: the run's output stayed open until the 600 s sleep ended
+    )
+    assert kill.killed
+    pids = [int((tmp_path / f"pid.{i}").read_text()) for i in range(processes)]
+    assert [pid for pid in pids if not _gone(pid)] == []
+
+
 def test_assert_bitwise_equal_names_the_first_difference(tmp_path):
     """Values, dtypes and structure are compared; the error names the key path."""
     ws = {"a": {"w": jnp.arange(4.0)}, "n": np.int64(3)}
