@@ -16,11 +16,22 @@ which hosts the service, still makes the others abort at once: JAX 0.10's
 client calls ``LOG(FATAL)`` when it loses the service, and the callback that
 would replace it cannot be set from Python (it fails with
 ``std::bad_cast``).
+
+**An orderly exit.** With recoverability on, JAX's shutdown is no barrier:
+process 0, which hosts the service, may exit while another process is still
+disconnecting, and that process then aborts ("Failed to disconnect from
+coordination service"). :func:`initialize` therefore registers an exit
+handler that runs before JAX's own: every other process posts a key and
+disconnects at once, and process 0 keeps the service up until every other
+process has posted (at most :data:`EXIT_WAIT_S` seconds in all: a dead
+process never posts), then :data:`EXIT_GRACE_S` more.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import time
 
 import jax
 
@@ -36,6 +47,9 @@ ENV_PROCESS_ID = "JAXJOB_PROCESS_ID"
 ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_RECOVERABILITY = "JAX_ENABLE_RECOVERABILITY"  # set: jaxjob leaves JAX's choice alone
+EXIT_WAIT_S = 30.0  # how long process 0 keeps the service up for the others to leave
+EXIT_GRACE_S = 1.0  # after the last one said it leaves: time for its disconnect to arrive
+_EXIT_KEY = "jaxjob/exit"
 _CLUSTER_ENV = (
     "SLURM_JOB_ID",
     "OMPI_COMM_WORLD_SIZE",
@@ -113,4 +127,36 @@ def initialize(*, heartbeat_timeout_s: int | None = None) -> None:
         jax.distributed.initialize(**options)
     else:
         return
+    if jax.config.jax_enable_recoverability and jax.process_count() > 1:
+        atexit.register(_orderly_exit)  # after JAX's shutdown handler, so it runs before it
     logger.info("joined a jax.distributed job of %d processes", jax.process_count())
+
+
+def _orderly_exit() -> None:
+    """At exit: every other process says it is leaving and disconnects; process 0 waits for them.
+
+    Process 0 hosts the coordination service, so it leaves last: it waits (at most
+    :data:`EXIT_WAIT_S` in all) for each other process's key, then :data:`EXIT_GRACE_S` more
+    for the disconnect that follows the key at once.
+    """
+    from jaxjob import orbax_adapter
+
+    client = orbax_adapter.distributed_client()
+    me = jax.process_index()
+    if me != 0:
+        client.key_value_set(f"{_EXIT_KEY}/{me}", "leaving")
+        jax.distributed.shutdown()
+        return
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for process in range(1, jax.process_count()):
+        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        try:
+            client.blocking_key_value_get(f"{_EXIT_KEY}/{process}", left_ms)
+        except jax.errors.JaxRuntimeError:
+            logger.warning(
+                "process %d had not finished %.0f s after process 0 did; exiting anyway",
+                process,
+                EXIT_WAIT_S,
+            )
+            return
+    time.sleep(EXIT_GRACE_S)
