@@ -14,6 +14,8 @@ import jax.numpy as jnp
 
 import jaxjob
 
+EPOCHS = 40  # bounds the disk a run can fill (40 x 16 MiB) if no SIGINT ever comes
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -27,7 +29,7 @@ def main() -> None:
     job.epoch_group.add(
         lambda ws: print(f"EPOCH {int(ws[jaxjob.job.EPOCH_COUNTER])}", flush=True), jit=False
     )
-    jaxjob.epoch_limiter(job, 10_000)
+    jaxjob.epoch_limiter(job, EPOCHS)
     signals = (signal.SIGTERM, signal.SIGINT) if args.sigint_preempts else (signal.SIGTERM,)
     runner = jaxjob.JobRunner(job, jaxjob.CheckpointManager(args.ckpt), preemption_signals=signals)
     runner.train(jaxjob.Session())

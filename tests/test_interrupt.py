@@ -1,5 +1,6 @@
 """Ctrl-C (a real SIGINT) during a save: the save in flight completes, then KeyboardInterrupt."""
 
+import ctypes
 import os
 import re
 import signal
@@ -16,6 +17,11 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "interrupt_job.py")
 SIZE = 1 << 22  # float32: 16 MiB a checkpoint, so that the signal lands in a save
 
 
+def _die_with_parent():
+    """In the child: SIGKILL when the test process dies, so no job outlives its test."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _interrupt(ckpt, after_epoch, delay_s, *extra):
     """Runs interrupt_job.py, sends SIGINT ``delay_s`` after it printed ``EPOCH after_epoch``."""
     proc = subprocess.Popen(
@@ -23,6 +29,7 @@ def _interrupt(ckpt, after_epoch, delay_s, *extra):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_die_with_parent,
     )
     for line in proc.stdout:  # the epoch has run; its save comes next
         if line.strip() == f"EPOCH {after_epoch}":
