@@ -75,7 +75,10 @@ def lock_path(db_prefix: str, node_name: str) -> str:
     return fs.join(db_prefix, LOCK_DIR, f"{node_name}.lock")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+EXITED_STATES = ("Z", "X", "x")  # /proc states of a process that has exited, not yet reaped
+
+
+def stat_fields(pid: int) -> list[str] | None:
     """The fields of ``/proc/<pid>/stat`` after the command name (state first), if readable."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -86,7 +89,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 def _pid_start(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (tells a reused pid apart), if known."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields[19] if fields is not None and len(fields) > 19 else None
 
 
@@ -96,8 +99,8 @@ def _pid_dead(pid: int) -> bool:
     Such a process holds no files and runs no code: its lock is free, though
     ``kill(pid, 0)`` still succeeds until its parent (or init) reaps it.
     """
-    fields = _stat_fields(pid)
-    return fields is not None and bool(fields) and fields[0] in ("Z", "X", "x")
+    fields = stat_fields(pid)
+    return fields is not None and bool(fields) and fields[0] in EXITED_STATES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxjob import faults, fs, layout, manifest
+from jaxjob import faults, fs, layout, lock, manifest
 from jaxjob.restore import restore
 
 __all__ = [
@@ -171,16 +171,11 @@ def _running_in_group(pgid: int) -> list[int]:
             return []
         return [pgid]
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):  # it exited while we looked
-            continue
-        if int(group) == pgid and state not in ("Z", "X", "x"):
-            found.append(int(entry))
+    for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+        fields = lock.stat_fields(pid)  # None: it exited while we looked
+        running = fields and len(fields) > 2 and fields[0] not in lock.EXITED_STATES
+        if running and int(fields[2]) == pgid:
+            found.append(pid)
     return sorted(found)
 
 

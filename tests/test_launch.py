@@ -10,6 +10,7 @@ import pytest
 
 import jaxjob.cli
 import jaxjob.launch
+from jaxjob import lock
 
 
 def _launch(*args, timeout=120):
@@ -54,11 +55,8 @@ def test_signal_death_maps_to_128_plus_signal():
 
 def _gone(pid):
     """Whether ``pid`` has exited: no such process, or a zombie its new parent has not reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
+    fields = lock.stat_fields(pid)
+    return fields is None or fields[0] in lock.EXITED_STATES
 
 
 SLEEPER = """

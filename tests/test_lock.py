@@ -79,7 +79,7 @@ def _zombie():
     start = lock._pid_start(child.pid)
     os.kill(child.pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while (lock._stat_fields(child.pid) or ["?"])[0] != "Z":
+    while (lock.stat_fields(child.pid) or ["?"])[0] != "Z":
         assert time.monotonic() < deadline, f"pid {child.pid} did not become a zombie"
         time.sleep(0.01)
     os.kill(child.pid, 0)  # still "exists" for a signal check: the old liveness test

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import jaxjob
-from jaxjob import faults, testing
+from jaxjob import faults, lock, testing
 
 JOB = str(Path(__file__).parent / "fault_job.py")
 SOURCE = Path(testing.__file__).parent
@@ -154,11 +154,8 @@ faults.point("epoch")
 
 def _gone(pid):
     """Whether ``pid`` has exited: no such process, or a zombie not reaped yet."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
+    fields = lock.stat_fields(pid)
+    return fields is None or fields[0] in lock.EXITED_STATES
 
 
 @pytest.mark.parametrize("processes", [1, 2])
