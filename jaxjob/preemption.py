@@ -94,9 +94,9 @@ class SignalWatch:
         signals: The signals to watch; empty watches nothing.
 
     Example:
-        >>> import os, signal
+        >>> import signal
         >>> with SignalWatch([signal.SIGUSR1]) as watch:
-        ...     os.kill(os.getpid(), signal.SIGUSR1)
+        ...     signal.raise_signal(signal.SIGUSR1)  # handled before it returns
         >>> watch.requested, signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
         (True, True)
     """
@@ -153,9 +153,9 @@ class HeldSignal:
         what: What must not be torn, for the log line, e.g. ``"the save in flight"``.
 
     Example:
-        >>> import os, signal
+        >>> import signal
         >>> with HeldSignal(signal.SIGUSR2, "an example"):
-        ...     os.kill(os.getpid(), signal.SIGUSR2)  # logged, ignored
+        ...     signal.raise_signal(signal.SIGUSR2)  # logged, ignored
         >>> signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
         True
     """
@@ -199,10 +199,10 @@ class DeferredInterrupt:
     left alone.
 
     Example:
-        >>> import os, signal
+        >>> import signal
         >>> deferred = DeferredInterrupt()
         >>> with deferred:
-        ...     os.kill(os.getpid(), signal.SIGINT)  # recorded, not raised here
+        ...     signal.raise_signal(signal.SIGINT)  # recorded, not raised here
         >>> deferred.received
         True
         >>> try:

@@ -9,12 +9,20 @@ With ``--sigint-preempts`` SIGINT is a preemption signal too.
 
 import argparse
 import signal
+import time
 
 import jax.numpy as jnp
 
 import jaxjob
 
-EPOCHS = 40  # bounds the disk a run can fill (40 x 16 MiB) if no SIGINT ever comes
+EPOCHS = 200  # bounds the disk a run can fill (200 x 16 MiB) if no SIGINT ever comes
+PAUSE_S = 0.1  # per epoch, before it prints: 20 s at least, for a loaded test to send SIGINT
+
+
+def _report(ws) -> None:
+    """Pauses, then prints ``EPOCH <k>``: the epoch has run and its save comes next."""
+    time.sleep(PAUSE_S)
+    print(f"EPOCH {int(ws[jaxjob.job.EPOCH_COUNTER])}", flush=True)
 
 
 def main() -> None:
@@ -26,9 +34,7 @@ def main() -> None:
     job = jaxjob.Job()
     job.init_group.add(lambda ws: {"w": jnp.arange(args.size, dtype=jnp.float32)})
     job.epoch_group.add(lambda ws: {"w": ws["w"] + 1})
-    job.epoch_group.add(
-        lambda ws: print(f"EPOCH {int(ws[jaxjob.job.EPOCH_COUNTER])}", flush=True), jit=False
-    )
+    job.epoch_group.add(_report, jit=False)
     jaxjob.epoch_limiter(job, EPOCHS)
     signals = (signal.SIGTERM, signal.SIGINT) if args.sigint_preempts else (signal.SIGTERM,)
     runner = jaxjob.JobRunner(job, jaxjob.CheckpointManager(args.ckpt), preemption_signals=signals)
