@@ -18,8 +18,14 @@ SIZE = 1 << 22  # float32: 16 MiB a checkpoint, so that the signal lands in a sa
 
 
 def _die_with_parent():
-    """In the child: SIGKILL when the test process dies, so no job outlives its test."""
+    """In the child: SIGKILL when the test process dies, and Ctrl-C as a terminal gives it.
+
+    The job starts with SIGINT at its default and unblocked, whatever state the test
+    worker's own threads left (a disposition or mask is inherited across exec).
+    """
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _interrupt(ckpt, after_epoch, delay_s, *extra):
