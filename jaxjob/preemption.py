@@ -200,6 +200,7 @@ class DeferredInterrupt:
 
     Example:
         >>> import signal
+        >>> _ = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own
         >>> deferred = DeferredInterrupt()
         >>> with deferred:
         ...     signal.raise_signal(signal.SIGINT)  # recorded, not raised here
