@@ -35,15 +35,13 @@ import time
 
 import jax
 
+from jaxjob.launch import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from jaxjob.log import get_logger
 
 __all__ = ["initialize"]
 
 logger = get_logger(__name__)
 
-ENV_COORDINATOR = "JAXJOB_COORDINATOR"
-ENV_NUM_PROCESSES = "JAXJOB_NUM_PROCESSES"
-ENV_PROCESS_ID = "JAXJOB_PROCESS_ID"
 ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_RECOVERABILITY = "JAX_ENABLE_RECOVERABILITY"  # set: jaxjob leaves JAX's choice alone

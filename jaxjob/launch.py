@@ -25,9 +25,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
-from jaxjob.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
-
 __all__ = ["DRAIN_S", "GRACE_S", "launch"]
+
+# What the launcher tells each process (read by jaxjob.distributed.initialize). Defined here, so
+# that the launcher, which only starts processes, imports neither JAX nor Orbax.
+ENV_COORDINATOR = "JAXJOB_COORDINATOR"
+ENV_NUM_PROCESSES = "JAXJOB_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAXJOB_PROCESS_ID"
 
 GRACE_S = 5.0  # after the first failure: SIGTERM to the others, SIGKILL this much later
 DRAIN_S = 5.0  # once every process ended: how long their output may take to reach its end

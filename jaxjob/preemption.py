@@ -200,7 +200,7 @@ class DeferredInterrupt:
 
     Example:
         >>> import signal
-        >>> _ = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own
+        >>> previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own
         >>> deferred = DeferredInterrupt()
         >>> with deferred:
         ...     signal.raise_signal(signal.SIGINT)  # recorded, not raised here
@@ -211,6 +211,7 @@ class DeferredInterrupt:
         ... except KeyboardInterrupt:
         ...     print("raised after the block")
         raised after the block
+        >>> _ = signal.signal(signal.SIGINT, previous)
     """
 
     def __init__(self) -> None:

@@ -6,7 +6,9 @@
 * Child processes (killed and relaunched jobs, ``jaxjob launch`` workers) compile the same small
   programs again and again; a persistent JAX compilation cache inside that directory lets each
   program compile once per run. It is only a cache of XLA executables: a hit runs the same
-  executable a compile would have produced, so bitwise comparisons are unaffected.
+  executable a compile would have produced, so bitwise comparisons are unaffected. (On the CPU
+  JAX 0.10 keys the executables of process i > 0 of a multi-process job by their process, and
+  only process 0 writes the cache, so those processes compile every time.)
 
 With pytest-xdist the controller makes the directory and its workers (child processes that
 inherit the environment) share it. The tests that share an expensive module-scoped run (a
@@ -17,6 +19,7 @@ run happens once; every other test goes to whichever worker is free.
 import atexit
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -35,6 +38,11 @@ tempfile.tempdir = _ROOT
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_ROOT, "jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# Hundreds of child processes import jaxjob and the job scripts: let the first one write their
+# bytecode (into the gitignored __pycache__ folders) rather than each compile it again, which a
+# PYTHONDONTWRITEBYTECODE set by the machine would make them do.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -67,3 +75,50 @@ def pytest_collection_modifyitems(config, items):
         callspec = getattr(item, "callspec", None)
         param = callspec.params.get(fixture, "") if callspec else ""
         item.add_marker(pytest.mark.xdist_group(f"{module}:{fixture}:{param}"))
+
+
+_GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _signal_state() -> tuple:
+    """The process's handlers for the signals jaxjob and its tests touch, and its blocked mask."""
+    handlers = tuple(signal.getsignal(s) for s in _GUARDED_SIGNALS)
+    return handlers, frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+def _leaked(before: tuple, after: tuple) -> bool:
+    """Whether a test left a Python handler of its own or a changed signal mask behind.
+
+    A switch between Python's own SIGINT handler and SIG_IGN/SIG_DFL is not a leak of jaxjob's or
+    a test's: an xdist worker started from a background shell ignores SIGINT, and a library such
+    as the notebook client reinstalls Python's handler.
+    """
+    builtin = (signal.SIG_DFL, signal.SIG_IGN, signal.default_int_handler, None)
+    return before[1] != after[1] or any(
+        b != a and a not in builtin for b, a in zip(before[0], after[0], strict=True)
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_signal_leak(request):
+    """Each test starts with the signal state the worker had; one that leaks a handler fails.
+
+    Child processes inherit ignored dispositions and the signal mask, so a test that changed them
+    would change what SIGINT does to the jobs later tests start on the same worker (the Ctrl-C
+    tests once saw their job ignore SIGINT in a full run, not alone: the worker, started from a
+    background shell, ignored it). The Ctrl-C tests set it explicitly in the child as well.
+    """
+    before = _signal_state()
+    yield
+    after = _signal_state()
+    if after == before:
+        return
+    for sig, handler in zip(_GUARDED_SIGNALS, before[0], strict=True):
+        if handler is not None:
+            signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, before[1])
+    if _leaked(before, after):
+        pytest.fail(
+            f"{request.node.nodeid} left a signal handler or mask behind "
+            f"(handlers and mask before: {before}, after: {after})"
+        )

@@ -1,6 +1,7 @@
 """One writer per node and directory: the lock, its takeover, and sharing it within a job."""
 
 import dataclasses
+import fcntl
 import json
 import os
 import signal
@@ -34,7 +35,16 @@ def _write_record(path, **changes):
 
 
 def _record(path):
-    return json.loads(path.read_text()) if path.exists() else None
+    """The lock record, read under the lock file's flock as the lock itself reads it.
+
+    The holder rewrites the record in place (truncate, write) under an exclusive flock while it
+    renews its lease, so a read without the flock may see an empty file.
+    """
+    if not path.exists():
+        return None
+    with open(path) as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
+        return json.loads(f.read())
 
 
 def test_a_live_holder_on_another_host_makes_init_fail_naming_it(tmp_path):
