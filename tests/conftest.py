@@ -65,8 +65,21 @@ _SHARED_RUNS = {
 }
 
 
+# The modules whose tests run longest (several child processes each, measured with
+# --durations): started first, so that no worker is still running one when the others are done.
+_LONG_MODULES = (
+    "test_multiprocess_faults.py",
+    "test_testing.py",
+    "test_preemption.py",
+    "test_digits_example.py",
+    "test_hosts.py",
+    "test_multiprocess.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests sharing one expensive module-scoped run go to one worker under ``--dist loadgroup``."""
+    """Tests sharing one expensive module-scoped run go to one worker under ``--dist loadgroup``;
+    the shared runs and the longest modules are handed out first."""
     for item in items:
         module = os.path.basename(str(item.fspath))
         fixture = _SHARED_RUNS.get(module)
@@ -75,6 +88,13 @@ def pytest_collection_modifyitems(config, items):
         callspec = getattr(item, "callspec", None)
         param = callspec.params.get(fixture, "") if callspec else ""
         item.add_marker(pytest.mark.xdist_group(f"{module}:{fixture}:{param}"))
+    items.sort(key=_start_order)  # stable: the order within each class stays as collected
+
+
+def _start_order(item) -> int:
+    if item.get_closest_marker("xdist_group") is not None:
+        return 0
+    return 1 if os.path.basename(str(item.fspath)) in _LONG_MODULES else 2
 
 
 _GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
