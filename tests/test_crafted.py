@@ -16,7 +16,7 @@ import pytest
 from test_checksum import flip_file, largest_data_file
 
 import jaxjob
-from jaxjob import checksum
+from jaxjob._src.checkpoint import checksum
 
 JAXJOB = os.path.dirname(jaxjob.__file__)
 PAYLOAD = """

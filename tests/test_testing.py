@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 import jaxjob
-from jaxjob import faults, lock, testing
+from jaxjob import testing
+from jaxjob._src.base import faults
+from jaxjob._src.manager import lock
 
 JOB = str(Path(__file__).parent / "fault_job.py")
 SOURCE = Path(testing.__file__).parent
@@ -140,7 +142,7 @@ def test_a_job_that_never_reaches_the_point_fails_the_check(tmp_path):
 
 LEAVES_A_CHILD = """
 import os, subprocess, sys, time
-from jaxjob import faults
+from jaxjob._src.base import faults
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 me, n = os.environ.get("JAXJOB_PROCESS_ID", "0"), int(os.environ.get("JAXJOB_NUM_PROCESSES", 1))
 with open(f"{sys.argv[1]}.{me}.tmp", "w") as f:
