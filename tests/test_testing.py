@@ -35,6 +35,11 @@ def instrumented(point):
     return any(call.search(f.read_text()) for f in SOURCE.rglob("*.py"))
 
 
+def test_the_fail_point_scan_reads_every_module():
+    """The source scan walks jaxjob/ recursively: a moved module cannot drop out of it."""
+    assert len(list(SOURCE.rglob("*.py"))) == 59
+
+
 PHASES = [p for p in faults.POINTS if instrumented(p)]
 SAVE_PHASES = ("epoch", "save.copy", "save.write", "save.commit")
 ONCE_PER_RUN = ("lock.takeover",)  # a restart takes over the dead run's lock once
