@@ -1,7 +1,8 @@
 """What the checkpoint checksums cost: a 1 GiB save with and without them, interleaved.
 
 1. Candidate hashes over the same 256 MiB of random float32 (GB/s, one thread):
-   how jaxjob's algorithm (``jaxjob.checksum.digest``: CRC-32 of 4 KiB block sums) was chosen.
+   how jaxjob's algorithm (``jaxjob._src.checkpoint.checksum.digest``: CRC-32 of 4 KiB block
+   sums) was chosen.
 2. A 1 GiB workspace (4 x 256 MiB random float32) saved by a CheckpointManager,
    with checksums and with them switched off (``checksum.start`` replaced by one
    that hashes nothing), alternately, ``--repeats`` times each: the time until
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxjob
-from jaxjob import checksum
+from jaxjob._src.checkpoint import checksum
 
 
 def hash_speeds(mib=256):

@@ -23,7 +23,7 @@ jaxjob.distributed.initialize()
 
 import jax  # noqa: E402
 
-from jaxjob import orbax_adapter  # noqa: E402
+from jaxjob._src.internals import jax_private  # noqa: E402
 
 
 def old_exchange(client, call, payload):
@@ -43,7 +43,7 @@ def main():
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--blocks", type=int, default=4)
     args = parser.parse_args()
-    client = orbax_adapter.distributed_client()
+    client = jax_private.distributed_client()
     times = {"old": [], "new": []}
     call = 0
     jaxjob.hosts.exchange("warm up", {}, timeout_s=120)

@@ -18,8 +18,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from jaxjob import fs  # noqa: E402
-from jaxjob.metadata import METADATA_FILE, DiskMetadataHandler  # noqa: E402
+from jaxjob._src.base import fs  # noqa: E402
+from jaxjob._src.manager.metadata import METADATA_FILE, DiskMetadataHandler  # noqa: E402
 
 
 def _rewrite(path, epoch):

@@ -23,6 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 import jaxjob  # noqa: E402
+import jaxjob._src.multihost.hosts  # noqa: E402
 
 jaxjob.distributed.initialize()
 
@@ -30,7 +31,7 @@ import digits  # noqa: E402
 import jax  # noqa: E402
 
 EXCHANGES = {"count": 0, "seconds": 0.0}
-_exchange = jaxjob.hosts.exchange
+_exchange = jaxjob._src.multihost.hosts.exchange
 
 
 def counted_exchange(what, payload, *, timeout_s):
@@ -43,7 +44,7 @@ def counted_exchange(what, payload, *, timeout_s):
         EXCHANGES["seconds"] += time.perf_counter() - start
 
 
-jaxjob.hosts.exchange = counted_exchange
+jaxjob._src.multihost.hosts.exchange = counted_exchange  # where jaxjob calls it from
 
 
 def epoch_costs(data, num_epochs, ckpt_dir):

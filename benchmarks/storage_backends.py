@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import jaxjob
-from jaxjob import manifest, storage
+from jaxjob._src.checkpoint import manifest, storage
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 

@@ -2,7 +2,8 @@
 
 The public names below are imported on first use, so that the ``jaxjob``
 command (``jaxjob --help``, ``jaxjob ls``) starts without importing JAX or
-Orbax. Each public name has one import path: ``jaxjob.<name>``.
+Orbax. Each public name has one import path: ``jaxjob.<name>``. The
+implementation lives in ``jaxjob._src``, one folder per layer.
 """
 
 from __future__ import annotations
@@ -15,28 +16,28 @@ from typing import TYPE_CHECKING, Any
 
 _SUBMODULES = ("distributed", "hosts", "keep", "testing")  # public modules
 _EXPORTS = {  # public name -> the module defining it
-    "CheckpointManager": "jaxjob.checkpoint",
-    "CheckpointInUseError": "jaxjob.errors",
-    "CheckpointSaveError": "jaxjob.errors",
-    "CorruptCheckpointError": "jaxjob.errors",
-    "Preempted": "jaxjob.errors",
-    "HostTimeoutError": "jaxjob.hosts",
-    "Job": "jaxjob.job",
-    "epoch_limiter": "jaxjob.job",
-    "db_name": "jaxjob.layout",
-    "get_ckpt_filename": "jaxjob.layout",
-    "CheckpointOptions": "jaxjob.manager",
-    "DiskMetadataHandler": "jaxjob.metadata",
-    "MetadataHandler": "jaxjob.metadata",
-    "MultiNodeCheckpointManager": "jaxjob.multinode",
-    "restore": "jaxjob.restore",
-    "JobRunner": "jaxjob.runner",
-    "Session": "jaxjob.session",
-    "Node": "jaxjob.task",
-    "Task": "jaxjob.task",
-    "TaskGroup": "jaxjob.task",
-    "UploadTaskGroupBuilder": "jaxjob.upload",
-    "Workspace": "jaxjob.workspace",
+    "CheckpointManager": "jaxjob._src.manager.checkpoint_manager",
+    "CheckpointInUseError": "jaxjob._src.base.errors",
+    "CheckpointSaveError": "jaxjob._src.base.errors",
+    "CorruptCheckpointError": "jaxjob._src.base.errors",
+    "Preempted": "jaxjob._src.base.errors",
+    "HostTimeoutError": "jaxjob._src.multihost.hosts",
+    "Job": "jaxjob._src.core.job",
+    "epoch_limiter": "jaxjob._src.core.job",
+    "db_name": "jaxjob._src.checkpoint.layout",
+    "get_ckpt_filename": "jaxjob._src.checkpoint.layout",
+    "CheckpointOptions": "jaxjob._src.manager.shared",
+    "DiskMetadataHandler": "jaxjob._src.manager.metadata",
+    "MetadataHandler": "jaxjob._src.manager.metadata",
+    "MultiNodeCheckpointManager": "jaxjob._src.manager.multinode",
+    "restore": "jaxjob._src.checkpoint.restore",
+    "JobRunner": "jaxjob._src.run.runner",
+    "Session": "jaxjob._src.core.session",
+    "Node": "jaxjob._src.core.task",
+    "Task": "jaxjob._src.core.task",
+    "TaskGroup": "jaxjob._src.core.task",
+    "UploadTaskGroupBuilder": "jaxjob._src.run.upload",
+    "Workspace": "jaxjob._src.core.workspace",
 }
 
 __all__ = sorted([*_SUBMODULES, *_EXPORTS])
@@ -47,28 +48,30 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; the same names as _EXPORTS
     from jaxjob import hosts as hosts
     from jaxjob import keep as keep
     from jaxjob import testing as testing
-    from jaxjob.checkpoint import CheckpointManager as CheckpointManager
-    from jaxjob.errors import CheckpointInUseError as CheckpointInUseError
-    from jaxjob.errors import CheckpointSaveError as CheckpointSaveError
-    from jaxjob.errors import CorruptCheckpointError as CorruptCheckpointError
-    from jaxjob.errors import Preempted as Preempted
-    from jaxjob.hosts import HostTimeoutError as HostTimeoutError
-    from jaxjob.job import Job as Job
-    from jaxjob.job import epoch_limiter as epoch_limiter
-    from jaxjob.layout import db_name as db_name
-    from jaxjob.layout import get_ckpt_filename as get_ckpt_filename
-    from jaxjob.manager import CheckpointOptions as CheckpointOptions
-    from jaxjob.metadata import DiskMetadataHandler as DiskMetadataHandler
-    from jaxjob.metadata import MetadataHandler as MetadataHandler
-    from jaxjob.multinode import MultiNodeCheckpointManager as MultiNodeCheckpointManager
-    from jaxjob.restore import restore as restore
-    from jaxjob.runner import JobRunner as JobRunner
-    from jaxjob.session import Session as Session
-    from jaxjob.task import Node as Node
-    from jaxjob.task import Task as Task
-    from jaxjob.task import TaskGroup as TaskGroup
-    from jaxjob.upload import UploadTaskGroupBuilder as UploadTaskGroupBuilder
-    from jaxjob.workspace import Workspace as Workspace
+    from jaxjob._src.base.errors import CheckpointInUseError as CheckpointInUseError
+    from jaxjob._src.base.errors import CheckpointSaveError as CheckpointSaveError
+    from jaxjob._src.base.errors import CorruptCheckpointError as CorruptCheckpointError
+    from jaxjob._src.base.errors import Preempted as Preempted
+    from jaxjob._src.checkpoint.layout import db_name as db_name
+    from jaxjob._src.checkpoint.layout import get_ckpt_filename as get_ckpt_filename
+    from jaxjob._src.checkpoint.restore import restore as restore
+    from jaxjob._src.core.job import Job as Job
+    from jaxjob._src.core.job import epoch_limiter as epoch_limiter
+    from jaxjob._src.core.session import Session as Session
+    from jaxjob._src.core.task import Node as Node
+    from jaxjob._src.core.task import Task as Task
+    from jaxjob._src.core.task import TaskGroup as TaskGroup
+    from jaxjob._src.core.workspace import Workspace as Workspace
+    from jaxjob._src.manager.checkpoint_manager import CheckpointManager as CheckpointManager
+    from jaxjob._src.manager.metadata import DiskMetadataHandler as DiskMetadataHandler
+    from jaxjob._src.manager.metadata import MetadataHandler as MetadataHandler
+    from jaxjob._src.manager.multinode import (
+        MultiNodeCheckpointManager as MultiNodeCheckpointManager,
+    )
+    from jaxjob._src.manager.shared import CheckpointOptions as CheckpointOptions
+    from jaxjob._src.multihost.hosts import HostTimeoutError as HostTimeoutError
+    from jaxjob._src.run.runner import JobRunner as JobRunner
+    from jaxjob._src.run.upload import UploadTaskGroupBuilder as UploadTaskGroupBuilder
 
 
 def _resolve(name: str) -> Any:

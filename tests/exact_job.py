@@ -31,7 +31,7 @@ tx = optax.adam(1e-2)
 def _signal_in_epoch(job: jaxjob.Job, epoch: int, sig: signal.Signals) -> None:
     @job.epoch_group.task(jit=False)
     def send_signal(ws):
-        if int(ws[jaxjob.job.EPOCH_COUNTER]) == epoch:
+        if int(ws[jaxjob._src.core.job.EPOCH_COUNTER]) == epoch:
             os.kill(os.getpid(), sig)
 
 

@@ -22,7 +22,7 @@ PAUSE_S = 0.1  # per epoch, before it prints: 20 s at least, for a loaded test t
 def _report(ws) -> None:
     """Pauses, then prints ``EPOCH <k>``: the epoch has run and its save comes next."""
     time.sleep(PAUSE_S)
-    print(f"EPOCH {int(ws[jaxjob.job.EPOCH_COUNTER])}", flush=True)
+    print(f"EPOCH {int(ws[jaxjob._src.core.job.EPOCH_COUNTER])}", flush=True)
 
 
 def main() -> None:

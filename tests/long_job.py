@@ -24,7 +24,7 @@ jaxjob.distributed.initialize()
 import jax  # noqa: E402
 from exact_job import dump  # noqa: E402
 
-from jaxjob.job import EPOCH_COUNTER  # noqa: E402
+from jaxjob._src.core.job import EPOCH_COUNTER  # noqa: E402
 
 
 def build_job(epochs: int, size: int, sleep_per_epoch: float) -> jaxjob.Job:

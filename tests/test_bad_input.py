@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxjob
-from jaxjob import checksum
+from jaxjob._src.checkpoint import checksum
 
 README = Path(__file__).parent.parent / "README.md"
 BEGIN = "<!-- bad-input table: rendered from tests/test_bad_input.py CASES -->"

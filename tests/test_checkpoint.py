@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import jaxjob
-from jaxjob import lock
+from jaxjob._src.manager import lock
 
 
 def _tree():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxjob
-from jaxjob import checksum
+from jaxjob._src.checkpoint import checksum
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "exact_job.py")
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from test_checksum import flip_file
 
-from jaxjob import checksum
+from jaxjob._src.checkpoint import checksum
 
 SCRIPT = textwrap.dedent(
     """

@@ -11,7 +11,7 @@ import pytest
 from long_job import reference
 
 import jaxjob
-from jaxjob import faults
+from jaxjob._src.base import faults
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
 SIZE = 262144  # float32 leaves: each checkpoint is about 1 MiB

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import socket
@@ -16,9 +15,9 @@ import jax.numpy as jnp
 import pytest
 
 import jaxjob
-from jaxjob import fs, lock, retention
-
-restore_lib = importlib.import_module("jaxjob.restore")  # jaxjob.restore is also the function
+from jaxjob._src.base import fs
+from jaxjob._src.checkpoint import restore as restore_lib
+from jaxjob._src.manager import lock, retention
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

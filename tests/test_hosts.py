@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import jaxjob
-import jaxjob.launch
+import jaxjob._src.multihost.launch
 
 HERE = Path(__file__).parent
 
@@ -96,7 +96,7 @@ def test_a_dead_peer_outside_launch_is_named_at_the_next_wait_not_an_abort(tmp_p
     heartbeat timeout (3 s) passes, raises HostTimeoutError naming it at its own timeout (10 s),
     again at its next wait, and then exits normally: no C++ abort, no shutdown wait."""
     (tmp_path / "job.py").write_text(DEAD_PEER)
-    port = jaxjob.launch._free_port()
+    port = jaxjob._src.multihost.launch._free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, str(tmp_path / "job.py"), "3", "10"],

@@ -11,7 +11,9 @@ import pytest
 from long_job import build_job, reference
 
 import jaxjob
-from jaxjob import faults, keep, manifest
+from jaxjob import keep
+from jaxjob._src.base import faults
+from jaxjob._src.checkpoint import manifest
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
 

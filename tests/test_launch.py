@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+import jaxjob._src.multihost.launch
 import jaxjob.cli
-import jaxjob.launch
-from jaxjob import lock
+from jaxjob._src.manager import lock
 
 
 def _launch(*args, timeout=120):
@@ -114,7 +114,7 @@ def test_first_failure_is_named_and_the_others_are_killed_after_the_grace(tmp_pa
     proc = _launch("-n", "2", "--", sys.executable, str(tmp_path / "job.py"), str(tmp_path / "r"))
     elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    grace = jaxjob.launch.GRACE_S
+    grace = jaxjob._src.multihost.launch.GRACE_S
     assert (
         "jaxjob launch: process 1 of 2 failed first: it exited with status 1; stopping "
         f"processes [0] (SIGTERM, then SIGKILL after {grace:g} s)"
@@ -161,7 +161,7 @@ def test_initialize_reads_the_jax_variables_of_another_launcher():
         "import jax, jaxjob; jax.config.update('jax_cpu_collectives_implementation', 'gloo'); "
         "jaxjob.distributed.initialize(); print('JOINED', jax.process_index(), jax.process_count())"
     )
-    port = jaxjob.launch._free_port()
+    port = jaxjob._src.multihost.launch._free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code],

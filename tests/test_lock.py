@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 import jaxjob
+import jaxjob._src.checkpoint.listing
+import jaxjob._src.checkpoint.verify
 import jaxjob.cli
-import jaxjob.listing
-import jaxjob.verify
-from jaxjob import faults, fs, lock
+from jaxjob._src.base import faults, fs
+from jaxjob._src.manager import lock
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
 
@@ -129,9 +130,9 @@ def test_the_lock_lies_outside_the_node_names(tmp_path):
     assert sorted(glob.glob(f"{tmp_path}/a.*")) == [f"{tmp_path}/a.1", f"{tmp_path}/a.2"]
     assert glob.glob(f"{tmp_path}/b.*") == [f"{tmp_path}/b.0"]
     assert sorted(os.listdir(tmp_path)) == [".jaxjob", "a.1", "a.2", "b.0"]
-    rows = jaxjob.listing.list_checkpoints(str(tmp_path))
+    rows = jaxjob._src.checkpoint.listing.list_checkpoints(str(tmp_path))
     assert [(r.node, r.epoch) for r in rows] == [("a", 1), ("a", 2), ("b", 0)]
-    assert jaxjob.verify.verify(str(tmp_path)) == []
+    assert jaxjob._src.checkpoint.verify.verify(str(tmp_path)) == []
     assert jaxjob.cli.main(["ls", str(tmp_path)]) == 0
     np.testing.assert_array_equal(jaxjob.restore(str(tmp_path), node_name="a")["w"], [2, 2])
     a.close()

@@ -31,7 +31,7 @@ def test_sigterm_saves_the_running_epoch_and_the_restart_is_bitwise_exact(tmp_pa
     assert "Received SIGTERM: stopping after this epoch" in proc.stderr
     assert "Received SIGTERM again: ignored while the preempted epoch is saved" in proc.stderr
     assert proc.stderr.strip().endswith(
-        "jaxjob.errors.Preempted: preempted: epoch 2 is saved and committed; "
+        "jaxjob._src.base.errors.Preempted: preempted: epoch 2 is saved and committed; "
         "run the job again to resume after it"
     )
     assert _epochs(ckpt) == [0, 2]
@@ -59,7 +59,7 @@ def _job(epochs, *, signal_in_epoch=None, log=None):
     def host(ws):
         if log is not None:
             log.append(("handler", signal.getsignal(signal.SIGUSR1)))
-        if int(ws[jaxjob.job.EPOCH_COUNTER]) == signal_in_epoch:
+        if int(ws[jaxjob._src.core.job.EPOCH_COUNTER]) == signal_in_epoch:
             os.kill(os.getpid(), signal.SIGUSR1)
 
     job.epoch_group.add(host, jit=False)

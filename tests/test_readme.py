@@ -1,5 +1,6 @@
 """The README's example runs as written."""
 
+import ast
 import os
 import re
 import subprocess
@@ -24,3 +25,54 @@ def test_readme_example_runs_and_resumes(tmp_path):
     assert outs[0][0] == outs[1][0] == "20"
     assert outs[0][1] == outs[1][1]
     assert abs(float(outs[0][1]) - 1.0) < 0.05  # learns w = [1, 1, 1]
+
+
+PACKAGE = os.path.join(os.path.dirname(__file__), "..", "jaxjob")
+
+
+def _first_line(path):
+    """The first line of a module's docstring."""
+    with open(path) as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def layout():
+    """The README's tree of jaxjob/: a line per module, its docstring's first line."""
+    lines = ["jaxjob/"]
+
+    def walk(directory, depth):
+        entries = sorted(
+            os.listdir(directory), key=lambda n: (os.path.isdir(os.path.join(directory, n)), n)
+        )
+        for name in entries:
+            path = os.path.join(directory, name)
+            indent = "  " * depth
+            if os.path.isdir(path) and name != "__pycache__":
+                lines.append(
+                    f"{indent}{name}/".ljust(27)
+                    + " "
+                    + _first_line(os.path.join(path, "__init__.py"))
+                )
+                walk(path, depth + 1)
+            elif (
+                name.endswith(".py")
+                and name != "__init__.py"
+                or (name == "__init__.py" and depth == 1)
+            ):
+                lines.append(f"{indent}{name}".ljust(27) + " " + _first_line(path))
+
+    walk(PACKAGE, 1)
+    return "\n".join(lines) + "\n"
+
+
+def test_readme_layout_lists_every_module():
+    """README's Layout tree is generated: ``python tests/test_readme.py`` prints it."""
+    with open(README) as f:
+        text = f.read()
+    block = re.search(r"## Layout\n\n```\n(jaxjob/\n.*?)^tests/", text, re.S | re.M).group(1)
+    assert block == layout(), "README's Layout must be:\n" + layout()
+
+
+if __name__ == "__main__":
+    print(layout(), end="")

@@ -7,7 +7,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import jaxjob
-from jaxjob.checkpoint import CheckpointSaveError
+from jaxjob import CheckpointSaveError
 
 
 def _counting_job(num_epochs, log=None):
@@ -63,14 +63,15 @@ def test_stop_condition_on_an_output_is_saved_with_the_checkpoint(tmp_path):
 def _inject_background_failure(monkeypatch, fail_on_wait, message):
     """Fault injection: jaxjob's n-th wait on a background write reports a failure.
 
-    Only waits made by jaxjob.checkpoint count (Orbax also waits inside save()).
+    Only waits made by jaxjob._src.manager.checkpoint_manager count (Orbax also waits inside
+    save()).
     """
     real = ocp.AsyncCheckpointer.wait_until_finished
     calls = []
 
     def wait(self):
         real(self)
-        if sys._getframe(1).f_globals.get("__name__") == "jaxjob.checkpoint":
+        if sys._getframe(1).f_globals.get("__name__") == "jaxjob._src.manager.checkpoint_manager":
             calls.append(1)
             if len(calls) == fail_on_wait:
                 raise OSError(message)

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 import jaxjob
-from jaxjob import faults, lock, testing
+from jaxjob import testing
+from jaxjob._src.base import faults
+from jaxjob._src.manager import lock
 
 JOB = str(Path(__file__).parent / "fault_job.py")
 SOURCE = Path(testing.__file__).parent
@@ -31,6 +33,11 @@ def instrumented(point):
     """Whether this build of jaxjob passes the fail point ``point`` (in its source)."""
     call = re.compile(rf"(faults\.point|_FailPoint)\(\s*[\"']{re.escape(point)}[\"']")
     return any(call.search(f.read_text()) for f in SOURCE.rglob("*.py"))
+
+
+def test_the_fail_point_scan_reads_every_module():
+    """The source scan walks jaxjob/ recursively: a moved module cannot drop out of it."""
+    assert len(list(SOURCE.rglob("*.py"))) == 59
 
 
 PHASES = [p for p in faults.POINTS if instrumented(p)]
@@ -140,7 +147,7 @@ def test_a_job_that_never_reaches_the_point_fails_the_check(tmp_path):
 
 LEAVES_A_CHILD = """
 import os, subprocess, sys, time
-from jaxjob import faults
+from jaxjob._src.base import faults
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 me, n = os.environ.get("JAXJOB_PROCESS_ID", "0"), int(os.environ.get("JAXJOB_NUM_PROCESSES", 1))
 with open(f"{sys.argv[1]}.{me}.tmp", "w") as f:

@@ -1,0 +1,18 @@
+"""jaxjob's implementation, one folder per layer; the public names are re-exported by ``jaxjob``.
+
+From the bottom up, each layer importing only those below it
+(``tests/test_layers.py`` checks it):
+
+* ``internals``: every use of JAX's and Orbax's private APIs (``jax_private``
+  imports nothing of jaxjob, ``orbax_private`` imports ``base``).
+* ``base``: errors, logging, paths and files, fail points, signals.
+* ``core``: the pure job model: workspace, tasks, jobs, sessions.
+* ``multihost``: waits between processes, ``jax.distributed``, ``jaxjob launch``.
+* ``checkpoint``: one checkpoint directory.
+* ``manager``: a series of epochs' checkpoints: the managers, retention, locks.
+* ``run``: the runner's loop.
+* ``cli`` and ``testing``: the ``jaxjob`` command and the fault-injection kit.
+
+Nothing here is public: import from ``jaxjob`` (or ``jaxjob.keep``,
+``jaxjob.hosts``, ``jaxjob.distributed``, ``jaxjob.testing``, ``jaxjob.cli``).
+"""

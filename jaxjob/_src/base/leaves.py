@@ -1,0 +1,34 @@
+"""Which leaves a checkpoint can hold: the predicate and the sentence that says it.
+
+The job model (a task's returned leaves) and the codec (what a save stores)
+both use them, so they live below both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["SUPPORTED", "checkpointable"]
+
+SUPPORTED = (
+    "leaves must be jax.Array, NumPy arrays (not of object dtype) or scalars, or Python "
+    "bool/int/float"
+)
+
+
+def checkpointable(leaf: Any) -> bool:
+    """Whether a checkpoint can hold ``leaf`` (tracers of jitted code count as ``jax.Array``).
+
+    Example:
+        >>> import numpy as np
+        >>> checkpointable(np.zeros(2)), checkpointable(1.5), checkpointable("text")
+        (True, True, False)
+    """
+    if isinstance(leaf, jax.Array):
+        return True
+    if isinstance(leaf, np.ndarray | np.generic):
+        return not leaf.dtype.hasobject
+    return isinstance(leaf, bool | int | float)

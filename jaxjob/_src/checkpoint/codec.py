@@ -1,0 +1,391 @@
+"""The leaf codec: how each workspace leaf is described, stored and read back.
+
+A checkpoint stores a workspace as a flat mapping from *stored names*
+(``"l0"``, ``"l1"``, ...: no two leaves ever share one, whatever their key
+paths) to arrays, plus, in the manifest, the tree structure and one
+:class:`LeafSpec` per leaf. The structure keeps what a restore without model
+code needs to rebuild the tree exactly: dict keys with their types (``int``
+and ``str``), lists vs tuples, ``None`` and leaf order. NamedTuples and other
+custom pytree nodes are kept in their dict (attribute names) or list form;
+``restore(target=...)`` gives them back their own types.
+
+Two codecs turn leaves into what Orbax stores and back:
+
+* :class:`SharedCodec` (every process writes its part, SPMD): ``jax.Array`` s
+  are global; NumPy arrays and scalars are host-local rows (see
+  :mod:`jaxjob._src.checkpoint.hostlocal`).
+* :class:`PrivateCodec` (one process writes the whole checkpoint alone): every
+  leaf is copied to the host as a NumPy array.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+
+from jaxjob._src.base.leaves import SUPPORTED
+from jaxjob._src.checkpoint import hostlocal
+
+__all__ = [
+    "Codec",
+    "LeafSpec",
+    "PrivateCodec",
+    "Rows",
+    "SharedCodec",
+    "UnstorableLeafError",
+    "flatten",
+    "leaf_names",
+    "unflatten",
+]
+
+KINDS = ("jax", "prng_key", "numpy", "numpy_scalar", "python")
+
+
+class UnstorableLeafError(TypeError):
+    """A leaf that no save can store: the save refuses it before writing anything.
+
+    Raised by every save of such a workspace, whatever ``on_save_error`` says
+    (retrying cannot help). The message names the key path, the dtype and the
+    shape.
+    """
+
+
+@functools.cache
+def _orbax_stores(dtype: np.dtype) -> bool:
+    """Whether Orbax can write arrays of ``dtype``: TensorStore, which writes them, has it."""
+    try:
+        ts.dtype(np.dtype(dtype).name)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def check_storable(spec: LeafSpec, dtype: Any) -> None:
+    """Refuses a leaf that Orbax would store as an array of ``dtype`` but cannot.
+
+    Orbax 0.12 writes arrays through TensorStore, which has no ``uint2``,
+    ``uint4`` or ``float8_e4m3`` (it has ``int2``, ``int4`` and the other
+    float8 types), and refuses zero-size arrays outright.
+
+    Raises:
+        UnstorableLeafError: Naming the leaf's key path, dtype and shape.
+    """
+    kind = {"jax": "jax.Array", "prng_key": "PRNG key array"}.get(spec.kind, "array")
+    what = f"the {kind} at {spec.path} (dtype {spec.dtype}, shape {spec.shape})"
+    if not _orbax_stores(np.dtype(dtype)):
+        raise UnstorableLeafError(
+            f"cannot checkpoint {what}: Orbax (TensorStore) cannot store dtype "
+            f"{np.dtype(dtype).name}; save it as uint8 instead (x.astype(jnp.uint8) keeps "
+            "uint2/uint4 values exactly, jax.lax.bitcast_convert_type(x, jnp.uint8) keeps "
+            "float8_e4m3 bits) or keep it out of the persistent workspace"
+        )
+    if math.prod(spec.shape) == 0:
+        raise UnstorableLeafError(
+            f"cannot checkpoint {what}: Orbax cannot store a zero-size array; give it at "
+            "least one element or keep it out of the persistent workspace"
+        )
+
+
+STORED_NAME = re.compile(r"l[0-9]+")  # "l0", "l1", ...: Orbax keys, and directory names
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+    """What a stored leaf is: its kind, logical dtype and shape, and where it was in the tree.
+
+    Attributes:
+        name: The stored name (unique within a checkpoint).
+        path: The key path under the workspace, e.g. ``"['params']['w']"``.
+        kind: ``"jax"``, ``"prng_key"``, ``"numpy"``, ``"numpy_scalar"`` or ``"python"``.
+        dtype: The dtype's name (``"float32"``, ``"key<fry>"``; for Python
+            scalars ``"bool"``, ``"int"`` or ``"float"``).
+        shape: The logical (global) shape.
+        impl: The PRNG implementation of a ``prng_key`` leaf.
+    """
+
+    name: str
+    path: str
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    impl: str | None = None
+
+    @property
+    def host_local(self) -> bool:
+        """Whether each process keeps its own copy (NumPy arrays and scalars)."""
+        return self.kind in hostlocal.KINDS
+
+    @classmethod
+    def of(cls, leaf: Any, name: str, path: str) -> LeafSpec:
+        """Describes ``leaf``.
+
+        Raises:
+            UnstorableLeafError: If ``leaf`` cannot be checkpointed (naming ``path``).
+        """
+        if isinstance(leaf, jax.Array):
+            if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                impl = str(jax.random.key_impl(leaf))
+                return cls(name, path, "prng_key", str(leaf.dtype), leaf.shape, impl)
+            return cls(name, path, "jax", str(leaf.dtype), leaf.shape)
+        if isinstance(leaf, np.ndarray | np.generic) and not leaf.dtype.hasobject:
+            kind = "numpy" if isinstance(leaf, np.ndarray) else "numpy_scalar"
+            return cls(name, path, kind, str(leaf.dtype), tuple(np.shape(leaf)))
+        if isinstance(leaf, bool | int | float):
+            return cls(name, path, "python", type(leaf).__name__, ())
+        raise UnstorableLeafError(
+            f"cannot checkpoint the leaf at {path} of type {type(leaf).__name__}; {SUPPORTED}"
+        )
+
+    def abstract(self) -> jax.ShapeDtypeStruct:
+        """The leaf's logical shape and dtype (PRNG keys as typed keys)."""
+        if self.kind == "prng_key":
+            key = jax.eval_shape(lambda: jax.random.key(0, impl=self.impl))
+            return jax.ShapeDtypeStruct(self.shape, key.dtype)
+        if self.host_local:
+            return jax.ShapeDtypeStruct(self.shape, hostlocal.dtype_of(self.dtype))
+        return jax.ShapeDtypeStruct(self.shape, np.dtype(self.dtype))
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest entry."""
+        # Shallow: dataclasses.asdict deep-copies each field, ~10 us more a leaf (training thread).
+        entry = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        entry["shape"] = list(self.shape)
+        return entry
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> LeafSpec:
+        """Reads a manifest entry.
+
+        Raises:
+            ValueError: If the entry is not a valid leaf description.
+        """
+        try:
+            spec = cls(
+                name=str(entry["name"]),
+                path=str(entry["path"]),
+                kind=str(entry["kind"]),
+                dtype=str(entry["dtype"]),
+                shape=tuple(int(d) for d in entry["shape"]),
+                impl=None if entry.get("impl") is None else str(entry["impl"]),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"invalid leaf entry {entry!r} in the manifest: {err}") from None
+        if (
+            spec.kind not in KINDS
+            or any(d < 0 for d in spec.shape)
+            or not STORED_NAME.fullmatch(spec.name)
+        ):
+            raise ValueError(f"invalid leaf entry {entry!r} in the manifest")
+        return spec
+
+
+# ---- tree structure -------------------------------------------------------------------------
+
+
+def _key(key: Any) -> Any:
+    """A JSON form of a dict key: a string, or ``{"int": n}`` / ``{"bool": b}``."""
+    if isinstance(key, bool):
+        return {"bool": key}
+    if isinstance(key, int | np.integer):
+        return {"int": int(key)}
+    return str(key)
+
+
+def _unkey(key: Any) -> Any:
+    if isinstance(key, dict):
+        return bool(key["bool"]) if "bool" in key else int(key["int"])
+    return key
+
+
+def _children(tree: Any) -> list[tuple[Any, Any]]:
+    """One level of a pytree node, in JAX's order: ``(key entry, child)`` pairs."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)
+    return [(path[0], child) for path, child in flat]
+
+
+def _is_leaf(tree: Any) -> bool:
+    treedef = jax.tree_util.tree_structure(tree)
+    return treedef.num_nodes == 1 and treedef.num_leaves == 1
+
+
+def _entry_key(entry: Any) -> Any:
+    for attr in ("key", "name"):
+        if hasattr(entry, attr):
+            return getattr(entry, attr)
+    return None
+
+
+def flatten(
+    tree: Any, where: str, counter: Iterator[int]
+) -> tuple[Any, list[tuple[str, Any, str]]]:
+    """The JSON structure of ``tree`` and its leaves as ``(stored name, leaf, key path)``.
+
+    Leaves are in JAX's flattening order; stored names come from ``counter``.
+    """
+    leaves: list[tuple[str, Any, str]] = []
+
+    def walk(node: Any, path: str) -> Any:
+        if node is None:
+            return {"none": True}
+        if _is_leaf(node):
+            name = f"l{next(counter)}"
+            leaves.append((name, node, path))
+            return {"leaf": name}
+        children = _children(node)
+        keyless = bool(children) and all(_entry_key(e) is None for e, _ in children)
+        if type(node) in (list, tuple) or (type(node) is not dict and keyless):
+            kind = "tuple" if type(node) is tuple else "list"
+            return {kind: [walk(c, f"{path}{jax.tree_util.keystr((e,))}") for e, c in children]}
+        return {
+            "dict": [
+                [_key(_entry_key(e)), walk(c, f"{path}{jax.tree_util.keystr((e,))}")]
+                for e, c in children
+            ]
+        }
+
+    return walk(tree, where), leaves
+
+
+def unflatten(structure: Any, leaves: Mapping[str, Any]) -> Any:
+    """Rebuilds a tree from its JSON structure and its leaves by stored name."""
+    if "leaf" in structure:
+        return leaves[structure["leaf"]]
+    if "none" in structure:
+        return None
+    if "dict" in structure:
+        return {_unkey(k): unflatten(v, leaves) for k, v in structure["dict"]}
+    if "tuple" in structure:
+        return tuple(unflatten(v, leaves) for v in structure["tuple"])
+    return [unflatten(v, leaves) for v in structure["list"]]
+
+
+def leaf_names(structure: Any) -> list[str]:
+    """Stored names of the leaves under a JSON structure, in order."""
+    if "leaf" in structure:
+        return [structure["leaf"]]
+    if "dict" in structure:
+        return [n for _, v in structure["dict"] for n in leaf_names(v)]
+    children = structure.get("tuple", structure.get("list", []))
+    return [n for v in children for n in leaf_names(v)]
+
+
+# ---- codecs ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """Which copy of host-local leaves a process reads.
+
+    Attributes:
+        count: How many processes saved the checkpoint (0 for a private one).
+        row: The saved process whose copy this process gets; None: its own.
+    """
+
+    count: int
+    row: int | None = None
+
+
+class Codec(Protocol):
+    """Turns leaves into what Orbax stores, gives restore targets, and turns them back.
+
+    ``abstract`` is where a leaf goes: a ``jax.ShapeDtypeStruct`` with the
+    leaf's logical shape and dtype and the sharding to restore it with.
+    """
+
+    private: bool
+
+    def encode(self, leaf: Any, spec: LeafSpec) -> tuple[Any, str | None]:
+        """The stored value and, if the processes must agree on it, its digest."""
+
+    def target(self, spec: LeafSpec, abstract: jax.ShapeDtypeStruct, rows: Rows) -> Any:
+        """The Orbax restore target of a stored leaf."""
+
+    def decode(self, value: Any, spec: LeafSpec, abstract: jax.ShapeDtypeStruct, rows: Rows) -> Any:
+        """The leaf, with its saved type, from what Orbax restored."""
+
+
+def _stored_dtype(leaf: Any, spec: LeafSpec) -> np.dtype:
+    """The dtype of the array Orbax is given for ``leaf`` (a PRNG key's data, uint32)."""
+    if spec.kind == "prng_key":  # every JAX PRNG implementation's key data
+        return np.dtype(np.uint32)
+    return hostlocal.dtype_of(spec.dtype) if spec.host_local else np.dtype(leaf.dtype)
+
+
+class SharedCodec:
+    """Every process writes its part: global ``jax.Array`` s and per-process host-local rows."""
+
+    private = False
+
+    def encode(self, leaf: Any, spec: LeafSpec) -> tuple[Any, str | None]:
+        """See :class:`Codec`."""
+        if spec.host_local:  # stored as bytes: any dtype and shape
+            return hostlocal.encode(leaf, spec), None
+        check_storable(spec, _stored_dtype(leaf, spec))
+        if jax.process_count() > 1 and leaf.is_fully_addressable:
+            return hostlocal.replicate(leaf)
+        return leaf, None
+
+    def target(self, spec: LeafSpec, abstract: jax.ShapeDtypeStruct, rows: Rows) -> Any:
+        """See :class:`Codec`."""
+        if spec.host_local:
+            return hostlocal.target(spec, rows.count, rows.row)
+        return abstract
+
+    def decode(self, value: Any, spec: LeafSpec, abstract: jax.ShapeDtypeStruct, rows: Rows) -> Any:
+        """See :class:`Codec`."""
+        if spec.host_local:
+            return hostlocal.decode(value, spec, rows.row)
+        if spec.kind == "prng_key" and not jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(value, impl=spec.impl)
+        return value
+
+
+class PrivateCodec:
+    """One process writes the checkpoint alone: every leaf is stored as a NumPy array."""
+
+    private = True
+
+    def encode(self, leaf: Any, spec: LeafSpec) -> tuple[Any, str | None]:
+        """See :class:`Codec`.
+
+        Raises:
+            ValueError: For a ``jax.Array`` sharded over several processes' devices.
+            UnstorableLeafError: For a leaf Orbax cannot store (see :func:`check_storable`).
+        """
+        check_storable(spec, _stored_dtype(leaf, spec))
+        if spec.kind == "prng_key":
+            return np.asarray(jax.random.key_data(leaf)), None
+        if spec.kind == "jax":
+            if not leaf.is_fully_addressable:
+                raise ValueError(
+                    f"a private (one process's) checkpoint cannot hold the jax.Array at "
+                    f"{spec.path}, sharded over several processes' devices; checkpoint it with "
+                    "a node that every process saves"
+                )
+            return np.asarray(leaf), None
+        return np.asarray(leaf, dtype=hostlocal.dtype_of(spec.dtype)), None
+
+    def target(self, spec: LeafSpec, abstract: jax.ShapeDtypeStruct, rows: Rows) -> Any:
+        """See :class:`Codec`."""
+        stored = spec.abstract()
+        if spec.kind == "prng_key":
+            stored = jax.eval_shape(jax.random.key_data, stored)
+        return np.zeros(stored.shape, stored.dtype)
+
+    def decode(self, value: Any, spec: LeafSpec, abstract: jax.ShapeDtypeStruct, rows: Rows) -> Any:
+        """See :class:`Codec`."""
+        if spec.host_local:
+            return hostlocal.as_saved(np.asarray(value), spec)
+        array = jax.device_put(value, abstract.sharding)
+        if spec.kind == "prng_key":
+            return jax.random.wrap_key_data(array, impl=spec.impl)
+        return array

@@ -1,0 +1,129 @@
+"""Where checkpoints live: ``<db_prefix>/<node>.<epoch>/`` and which of them are committed."""
+
+from __future__ import annotations
+
+import numbers
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from jaxjob._src.base import fs
+
+__all__ = [
+    "COMMIT_MARKER",
+    "check_epoch",
+    "check_node_name",
+    "committed_epochs",
+    "common_epochs",
+    "db_name",
+    "get_ckpt_filename",
+    "is_committed",
+]
+
+COMMIT_MARKER = "commit_success.txt"  # Orbax's; written last, also by jaxjob's durable rename
+
+
+def check_epoch(epoch: Any, argument: str = "epoch") -> int:
+    """Returns ``epoch`` if it is an int >= 0 (a checkpoint's epoch).
+
+    Raises:
+        TypeError: If it is not an int (a bool is not one).
+        ValueError: If it is negative.
+
+    Example:
+        >>> check_epoch(-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: epoch must be >= 0, got -1
+    """
+    if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral):
+        raise TypeError(f"{argument} must be an int >= 0, got {epoch!r} ({type(epoch).__name__})")
+    if epoch < 0:
+        raise ValueError(f"{argument} must be >= 0, got {epoch!r}")
+    return int(epoch)
+
+
+def check_node_name(name: Any) -> str:
+    r"""Returns ``name`` if it can name a node's checkpoint directory ``<node>.<epoch>``.
+
+    Raises:
+        ValueError: If it is empty, ``.`` or ``..``, or holds ``/``, ``\`` or NUL.
+
+    Example:
+        >>> check_node_name("../x")
+        Traceback (most recent call last):
+        ...
+        ValueError: node_name must be a plain directory name (...), got '../x'
+    """
+    text = str(name)
+    if text in ("", ".", "..") or any(c in text for c in "/\\\0"):
+        raise ValueError(
+            "node_name must be a plain directory name (no '/', '\\' or NUL, not '.' or '..'), "
+            f"got {text!r}"
+        )
+    return text
+
+
+def get_ckpt_filename(node_name: str, epoch: int) -> str:
+    """Returns the checkpoint directory name ``<node_name>.<epoch>``.
+
+    Example:
+        >>> import jaxjob
+        >>> jaxjob.get_ckpt_filename("trainer_0", 3)
+        'trainer_0.3'
+    """
+    return f"{node_name}.{epoch}"
+
+
+def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None = None) -> str:
+    """Returns the checkpoint directory of ``node_name`` at ``epoch``.
+
+    With ``path_prefix`` the name is ``path_prefix + "<node>.<epoch>"`` (plain
+    concatenation, as in the seed); otherwise ``<db_prefix>/<node>.<epoch>``.
+
+    Example:
+        >>> import jaxjob
+        >>> jaxjob.db_name(5, "trainer_0", "/ckpt")
+        '/ckpt/trainer_0.5'
+        >>> jaxjob.db_name(5, "trainer_0", "/ckpt", path_prefix="/other/run_")
+        '/other/run_trainer_0.5'
+    """
+    if path_prefix:
+        return path_prefix + get_ckpt_filename(node_name, epoch)
+    return fs.join(db_prefix, get_ckpt_filename(node_name, epoch))
+
+
+def committed_epochs(db_prefix: str, node_name: str, path_prefix: str | None = None) -> list[int]:
+    """Epochs of ``node_name`` whose checkpoint directory is fully committed, ascending.
+
+    Temporary directories of saves in flight (or killed) are never listed.
+    """
+    template = db_name(0, node_name, db_prefix, path_prefix)
+    directory, _, base = template.rpartition("/")
+    pattern = re.compile(re.escape(base[:-1]) + r"(\d+)")
+    epochs = []
+    for entry in fs.listdir(directory or "/"):
+        match = pattern.fullmatch(entry)
+        if match and is_committed(fs.join(directory, entry)):
+            epochs.append(int(match.group(1)))
+    return sorted(epochs)
+
+
+def common_epochs(
+    db_prefix: str, node_names: Iterable[str], path_prefix: str | None = None
+) -> list[int]:
+    """Epochs committed for every node of ``node_names``, ascending (none without nodes)."""
+    common: set[int] | None = None
+    for node in node_names:
+        found = set(committed_epochs(db_prefix, node, path_prefix))
+        common = found if common is None else common & found
+    return sorted(common or ())
+
+
+def is_committed(path: str) -> bool:
+    """Whether the checkpoint directory ``path`` is committed (its commit marker exists).
+
+    Orbax writes the marker last: on local disk inside the temporary
+    directory before renaming it to ``path``, on object stores into ``path``.
+    """
+    return fs.exists(fs.join(path, COMMIT_MARKER))

@@ -1,0 +1,383 @@
+"""Writing and reading one checkpoint directory through Orbax.
+
+A checkpoint directory ``<db_prefix>/<node>.<epoch>/`` is one Orbax
+``CompositeCheckpointHandler`` checkpoint with these items:
+
+* ``state``: the persistent leaves, a flat mapping from stored name to array
+  (Orbax ``PyTreeCheckpointHandler``, OCDBT storage);
+* ``outputs`` (optional): the epoch outputs that the job's stop conditions
+  read, so that auto-resume can re-evaluate them;
+* ``jaxjob``: the manifest (:mod:`jaxjob._src.checkpoint.manifest`): tree structures and one
+  :class:`~jaxjob._src.checkpoint.codec.LeafSpec` per leaf.
+
+How leaves are stored is the codec's business (:mod:`jaxjob._src.checkpoint.codec`): a
+shared checkpoint (every process writes its part) or a private one (one
+process writes it alone). Orbax commits the directory when every process
+has written its part (:mod:`jaxjob._src.internals.orbax_private`: a durable rename on local
+disk, a commit file on object stores). Nothing is unpickled or executed
+when reading.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxjob._src.base import faults, fs
+from jaxjob._src.base.errors import CorruptCheckpointError
+from jaxjob._src.checkpoint import checksum, codec, hostlocal, keypaths
+from jaxjob._src.checkpoint import targets as targets_lib
+from jaxjob._src.checkpoint.manifest import MANIFEST_FILE, MANIFEST_ITEM, OUTPUTS, STATE, Manifest
+from jaxjob._src.internals import orbax_private
+
+__all__ = [
+    "OUTPUTS",
+    "STATE",
+    "composite_handler",
+    "encode",
+    "nbytes",
+    "restore",
+    "save_args",
+    "start_bounded",
+    "wait_bounded",
+]
+
+HostMap = hostlocal.HostMap
+
+
+# No zstd: weights barely compress (random float32 not at all, trained bf16/f32 by a few
+# percent), while compressing costs a CPU pass on save and on restore (benchmarks/README.md:
+# a 1 GiB save to commit about 2x faster). Checkpoints saved compressed still restore.
+PYTREE_OPTIONS: dict[str, Any] = {"use_compression": False}
+
+
+def codec_for(private: bool) -> codec.Codec:
+    """The codec of a private (one process's) or shared checkpoint."""
+    return codec.PrivateCodec() if private else codec.SharedCodec()
+
+
+class _FailPoint:
+    """A commit future whose wait passes the fail point ``name`` (``base.faults``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def result(self, timeout: float | None = None) -> None:
+        faults.point(self.name)
+
+
+class _Handler(ocp.CompositeCheckpointHandler):
+    """Orbax's composite handler with the save's fail points.
+
+    ``save.copy`` as the device-to-host copy starts; Orbax's background thread
+    waits on the returned futures in order, so the first one passes
+    ``save.write`` as it starts waiting for the write, the last one
+    ``save.commit`` once every write is done and before the commit.
+    """
+
+    async def async_save(self, directory: Any, args: Any) -> list[Any]:
+        faults.point("save.copy")
+        futures = await super().async_save(directory, args) or []
+        return [_FailPoint("save.write"), *futures, _FailPoint("save.commit")]
+
+
+@ocp.args.register_with_handler(_Handler, for_save=True, for_restore=True)
+class _HandlerArgs(ocp.args.Composite):
+    """Registers :class:`_Handler` with Orbax (it takes ``ocp.args.Composite`` like its base)."""
+
+
+def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandler:
+    """The Orbax handler of checkpoint directories under ``path``, each item's handler registered.
+
+    With ``private`` (in a multi-process job) this process alone writes or reads it.
+    """
+    atomicity = orbax_private.commit_file_options(path)
+    if not (private and jax.process_count() > 1):
+        return _Handler(
+            composite_options=ocp.CompositeOptions(atomicity_options=atomicity),
+            **{
+                STATE: ocp.PyTreeCheckpointHandler(**PYTREE_OPTIONS),
+                OUTPUTS: ocp.PyTreeCheckpointHandler(**PYTREE_OPTIONS),
+                MANIFEST_ITEM: orbax_private.ManifestHandler(MANIFEST_FILE),
+            },
+        )
+    options, registry = orbax_private.private_options(), orbax_private.private_registry()
+
+    def pytree() -> ocp.PyTreeCheckpointHandler:
+        return ocp.PyTreeCheckpointHandler(
+            **PYTREE_OPTIONS | {"use_ocdbt": False},
+            multiprocessing_options=options,
+            type_handler_registry=registry,
+        )
+
+    return _Handler(
+        composite_options=ocp.CompositeOptions(
+            multiprocessing_options=options,
+            atomicity_options=atomicity,
+            # Orbax keys the signals of asynchronous directory creation by a per-process
+            # counter in the job-wide key-value store: two processes would collide.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+        ),
+        **{
+            STATE: pytree(),
+            OUTPUTS: pytree(),
+            MANIFEST_ITEM: orbax_private.ManifestHandler(
+                MANIFEST_FILE, multiprocessing_options=options
+            ),
+        },
+    )
+
+
+def nbytes(tree: Any) -> int:
+    """Bytes of the array leaves of ``tree`` that this process holds."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            total += sum(s.data.nbytes for s in leaf.addressable_shards if s.replica_id == 0)
+        else:
+            total += np.asarray(leaf).nbytes
+    return total
+
+
+def encode(
+    manifest: Manifest, flat: Mapping[str, Mapping[str, Any]], private: bool
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Each item's leaves as Orbax stores them, and digests every process must agree on.
+
+    Host-local leaves become their per-process rows. In a multi-process job,
+    a ``jax.Array`` that lives on this process only becomes a replicated
+    global array; its digest (by key path) lets the processes check that they
+    hold the same value.
+    """
+    store = codec_for(private)
+    digests: dict[str, str] = {}
+    encoded: dict[str, dict[str, Any]] = {}
+    for item, leaves in flat.items():
+        encoded[item] = {}
+        for name, leaf in leaves.items():
+            spec = manifest.leaves[name]
+            encoded[item][name], digest = store.encode(leaf, spec)
+            if digest is not None:
+                digests[spec.path] = digest
+    return encoded, digests
+
+
+def save_args(encoded: Mapping[str, Mapping[str, Any]], manifest: Manifest) -> ocp.args.Composite:
+    """Orbax arguments that save one checkpoint directory (trees from :func:`encode`).
+
+    Starts checksumming the host copies of this process's shards in the
+    background; Orbax writes them beside the manifest before the commit.
+    """
+    sums = checksum.start(encoded)
+    doc = checksum.PendingManifest(manifest.to_json(), sums, manifest.epoch)
+    items: dict[str, Any] = {MANIFEST_ITEM: orbax_private.ManifestSave(doc)}
+    for item in (STATE, OUTPUTS):
+        if encoded.get(item):  # Orbax refuses an empty tree
+            items[item] = ocp.args.PyTreeSave(dict(encoded[item]))
+    return ocp.args.Composite(**items)
+
+
+def start_bounded(
+    saver: ocp.Checkpointer, path: str, args: ocp.args.Composite, nbytes: int | None
+) -> float | None:
+    """``saver.save(path, args=args)``, within the object store's bound; the write's deadline.
+
+    On an object store Orbax's synchronous part of the save (its directory
+    calls through etils and fsspec, the device-to-host copy, and with a
+    synchronous saver the whole write) fails with
+    :class:`~jaxjob._src.base.fs.StorageTimeoutError` naming the endpoint after
+    :func:`jaxjob._src.base.fs.transfer_bound_s` of ``nbytes``.
+
+    Returns:
+        On an object store, the ``time.perf_counter()`` by which the
+        background write must have committed (see :func:`wait_bounded`);
+        None on local disk.
+    """
+    if not fs.is_remote(path):
+        saver.save(path, args=args)
+        return None
+    started = time.perf_counter()
+    bound = fs.transfer_bound_s(path, nbytes or 0)
+    fs.bounded(path, "the save", lambda: saver.save(path, args=args), timeout_s=bound)
+    return started + bound
+
+
+def wait_bounded(saver: ocp.AsyncCheckpointer, path: str, deadline: float | None) -> None:
+    """Waits for ``saver`` 's background write of ``path``; on an object store until ``deadline``.
+
+    Raises:
+        StorageTimeoutError: Naming the endpoint, if the write has not
+            committed by ``deadline`` (at least 1 s from now, for a write
+            that is done but whose thread has yet to report it).
+    """
+    if deadline is None:
+        saver.wait_until_finished()
+        return
+    left = max(1.0, deadline - time.perf_counter())
+    fs.bounded(path, "the write", saver.wait_until_finished, timeout_s=left)
+
+
+def _rows(manifest: Manifest, specs: Iterable[codec.LeafSpec], host_map: HostMap | None):
+    if manifest.owner_process is not None:
+        return codec.Rows(0)
+    local = [spec.path for spec in specs if spec.host_local]
+    if not local:
+        return codec.Rows(manifest.process_count)
+    row = hostlocal.row_for_this_process(host_map, manifest.process_count, str(local))
+    return codec.Rows(manifest.process_count, row)
+
+
+def restore(
+    checkpointer: ocp.Checkpointer,
+    path: str,
+    manifest: Manifest,
+    names: Iterable[str],
+    *,
+    item: str = STATE,
+    targets: Mapping[str, Any] | None = None,
+    sharding: Any = None,
+    host_map: HostMap | None = None,
+) -> dict[str, Any]:
+    """Restores the named entries of one item of the checkpoint directory ``path``.
+
+    See :func:`restore_selected`; each name is selected whole.
+    """
+    structure = manifest.structure(item)
+    chosen = {n: keypaths.Selection(n, n, (), structure[n]) for n in names}
+    return restore_selected(
+        checkpointer,
+        path,
+        manifest,
+        chosen,
+        item=item,
+        targets=targets,
+        sharding=sharding,
+        host_map=host_map,
+    )
+
+
+def restore_selected(
+    checkpointer: ocp.Checkpointer,
+    path: str,
+    manifest: Manifest,
+    chosen: Mapping[str, keypaths.Selection],
+    *,
+    item: str = STATE,
+    targets: Mapping[str, Any] | None = None,
+    sharding: Any = None,
+    host_map: HostMap | None = None,
+) -> dict[str, Any]:
+    """Restores the selected subtrees of one item of the checkpoint directory ``path``, by key.
+
+    Only their leaves are read. A key with a target (a pytree of
+    ``jax.ShapeDtypeStruct`` or arrays) is checked against the checkpoint and
+    restored with the target's pytree types and, where it gives them,
+    shardings (:mod:`jaxjob._src.checkpoint.targets`). Any other key comes back with the
+    saved tree structure (dicts, lists, tuples, None; custom nodes as dicts
+    or lists) and its saved leaf types. ``jax.Array`` leaves without a
+    target sharding go where ``sharding`` says (a Sharding, or a mapping
+    from key or name to a Sharding or a pytree prefix of them), by default
+    JAX's default device. Host-local leaves come back as this process's own
+    copy, or as the copy of the saved process that ``host_map`` gives for it.
+
+    Raises:
+        CorruptCheckpointError: If a leaf read does not match its checksum or
+            does not decode (naming the leaf, the epoch and the file).
+        ValueError: If a target's structure, shape or dtype differs from the
+            checkpoint (naming the key path), or host-local leaves were saved
+            by another number of processes and ``host_map`` is None.
+    """
+    store = codec_for(manifest.owner_process is not None)
+    where = f"the checkpoint of epoch {manifest.epoch} at {path!r}"
+    targets = targets or {}
+    plans = {
+        key: targets_lib.plan(
+            sel,
+            manifest.leaves,
+            targets_lib.ShardingRule.of(sharding, key, sel.name, sel.segments),
+            target=targets.get(key),
+            has_target=key in targets,
+            where=where,
+        )
+        for key, sel in chosen.items()
+    }
+    abstracts = {n: a for p in plans.values() for n, a in p.abstracts.items()}
+    all_specs = [manifest.leaves[n] for n in abstracts]
+    rows = _rows(manifest, all_specs, host_map)
+    restore_item = {s.name: store.target(s, abstracts[s.name], rows) for s in all_specs}
+    volume = 16 * sum(math.prod(s.shape) for s in all_specs)  # at most 16 bytes an element
+    restored = fs.bounded(
+        path,
+        "the read",
+        lambda: _read(checkpointer, path, manifest, item, restore_item),
+        timeout_s=fs.transfer_bound_s(path, volume) if fs.is_remote(path) else None,
+    )
+    _check(path, manifest, item, all_specs, restored)
+    leaves = {s.name: store.decode(restored[s.name], s, abstracts[s.name], rows) for s in all_specs}
+    return {key: p.build(leaves) for key, p in plans.items()}
+
+
+def _read(checkpointer, path: str, manifest: Manifest, item: str, restore_item: dict[str, Any]):
+    """Orbax's restore of ``restore_item``; bytes that do not decode raise CorruptCheckpointError.
+
+    On a read error each requested leaf is read again alone, on this process,
+    to name the damaged ones; an error that no leaf reproduces is re-raised.
+    """
+    if not restore_item:
+        return {}
+    args = ocp.args.PyTreeRestore(
+        item=restore_item,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(restore_item),
+        partial_restore=True,
+    )
+    try:
+        return checkpointer.restore(path, args=ocp.args.Composite(**{item: args}))[item]
+    except checksum.READ_ERRORS as err:
+        if isinstance(err, ValueError) and "stored shape" in str(err):  # Orbax's words
+            raise CorruptCheckpointError(
+                f"the manifest of {path!r} declares shapes that its stored arrays do not have "
+                f"(a damaged or hand-edited manifest; nothing was allocated): {err}"
+            ) from err
+        lines = _damaged(path, manifest, item, restore_item)
+        if not lines:
+            raise
+        raise checksum.corrupt(manifest.epoch, path, "; ".join(lines)) from err
+
+
+def _damaged(path: str, manifest: Manifest, item: str, names: Iterable[str]) -> list[str]:
+    """Reads each named leaf alone (this process only) and returns a line per damaged one."""
+    reader = orbax_private.checkpointer(path, composite_handler(path, True), private=True)
+    try:
+        records = checksum.read_records(path, manifest)
+        lines: list[str] = []
+        for name in names:
+            spec = manifest.leaves[name]
+            lines += checksum.check_leaf(reader, path, item, spec, manifest, records)
+        return lines
+    finally:
+        reader.close()
+
+
+def _check(path: str, manifest: Manifest, item: str, specs, restored: Mapping[str, Any]) -> None:
+    """Checks every restored shard against its checksum (CorruptCheckpointError if one differs)."""
+    records = checksum.read_records(path, manifest)
+    lines = []
+    for spec in specs:
+        bad, _ = checksum.mismatches(restored[spec.name], records.get(spec.name, []))
+        lines += [
+            checksum.describe(path, item, spec, manifest, r, "checksum mismatch") for r in bad
+        ]
+    if lines:
+        raise checksum.corrupt(manifest.epoch, path, "; ".join(lines))
+
+
+def saved_shapes(manifest: Manifest) -> dict[str, Any]:
+    """Shapes and dtypes of every saved state leaf (``jax.ShapeDtypeStruct`` s), reading no data."""
+    abstract = {spec.name: spec.abstract() for spec in manifest.leaves.values()}
+    return {name: codec.unflatten(s, abstract) for name, s in manifest.state.items()}

@@ -1,0 +1,244 @@
+"""What the ``jaxjob`` subcommands print: ``ls``, ``show``, ``export`` and ``verify``.
+
+Each command is a function returning the exit status; :mod:`jaxjob.cli`
+parses the arguments and turns a user mistake into one line on stderr. The
+heavy imports (JAX, Orbax) happen here, when a command runs, never for ``--help``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["export", "ls", "show", "verify"]
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+
+def human(size: float) -> str:
+    """A byte count for people.
+
+    Example:
+        >>> human(512), human(1536), human(3 * 1024**3)
+        ('512 B', '1.5 KiB', '3.0 GiB')
+    """
+    if size < 1024:
+        return f"{size:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} TiB"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _age(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, width in (("d", 86400), ("h", 3600), ("min", 60)):
+        if value >= width:
+            return f"{value / width:.1f} {unit}"
+    return f"{value:.0f} s"
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+# ---- ls -----------------------------------------------------------------------------------------
+
+
+def ls(directory: str, *, as_json: bool = False) -> int:
+    """Prints a row per checkpoint under ``directory``: node, epoch, committed, size, save, age."""
+    from jaxjob._src.checkpoint.listing import list_checkpoints
+
+    rows = [row.to_json() for row in list_checkpoints(directory)]
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    table = [("node", "epoch", "committed", "size", "save", "age")]
+    for r in rows:
+        committed = "yes" if r["committed"] else "no"
+        size, save, age = human(r["size_bytes"]), _seconds(r["save_s"]), _age(r["age_s"])
+        table.append((r["node"], str(r["epoch"]), committed, size, save, age))
+    _print_table(table)
+    return 0
+
+
+# ---- show ---------------------------------------------------------------------------------------
+
+
+def _leaf_nbytes(spec: Any) -> int:
+    """Logical bytes of a stored leaf (PRNG keys: their key data)."""
+    import jax
+    import numpy as np
+
+    abstract = spec.abstract()
+    if spec.kind == "prng_key":
+        abstract = jax.eval_shape(jax.random.key_data, abstract)
+    return int(np.prod(abstract.shape, dtype=np.int64)) * abstract.dtype.itemsize
+
+
+def _selected_leaves(found: Any, patterns: Sequence[str] | None, where: str) -> list[tuple]:
+    """``(key path, stored name)`` of the leaves ``patterns`` select (default: all)."""
+    from jaxjob._src.checkpoint import keypaths
+
+    chosen = keypaths.select(found.state, patterns or None, where=where)
+    return [
+        (keypaths.join(segs), stored)
+        for sel in chosen.values()
+        for segs, stored in keypaths.leaf_names(sel.structure, (sel.name, *sel.segments))
+    ]
+
+
+def _saved_sharding(spec: Any, found: Any, shardings: dict[str, str]) -> str:
+    if found.owner_process is not None:
+        return f"host (process {found.owner_process})"
+    if spec.host_local:
+        return "host-local (per process)"
+    return shardings.get(spec.name, "-")
+
+
+def show(
+    path: str,
+    *,
+    patterns: Sequence[str] | None = None,
+    epoch: int | None = None,
+    node: str | None = None,
+) -> int:
+    """Prints the leaves of a checkpoint: key path, shape, dtype, bytes, saved sharding; totals."""
+    from jaxjob._src.base import fs
+    from jaxjob._src.checkpoint import manifest
+    from jaxjob._src.checkpoint.restore import checkpoint_dirs
+    from jaxjob._src.internals import orbax_private
+
+    for directory in checkpoint_dirs(path, epoch, node):
+        found = manifest.read(directory)
+        leaves = _selected_leaves(found, patterns, f" in the checkpoint at {directory!r}")
+        shardings = orbax_private.saved_shardings(directory)
+        print(
+            f"{directory}: node {found.node}, epoch {found.epoch}, "
+            f"saved by {found.process_count} process(es)"
+        )
+        table = [("key path", "shape", "dtype", "bytes", "saved sharding")]
+        total = 0
+        for key, stored in leaves:
+            spec = found.leaves[stored]
+            nbytes = _leaf_nbytes(spec)
+            total += nbytes
+            shape = (
+                "(" + ", ".join(map(str, spec.shape)) + ("," if len(spec.shape) == 1 else "") + ")"
+            )
+            sharding = _saved_sharding(spec, found, shardings)
+            table.append((key, shape, spec.dtype, human(nbytes), sharding))
+        _print_table(table)
+        print(
+            f"total: {len(leaves)} leaves, {human(total)} "
+            f"({human(fs.size(directory))} on disk, whole checkpoint)"
+        )
+    return 0
+
+
+# ---- export -------------------------------------------------------------------------------------
+
+
+def _host_array(leaf: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    return np.asarray(leaf)
+
+
+def _flat_arrays(workspace: Any) -> dict[str, Any]:
+    """Every leaf of the restored workspace by its ``/``-joined key path."""
+    import jax
+
+    from jaxjob._src.checkpoint import keypaths
+
+    arrays = {}
+    for key in workspace:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(workspace[key])[0]:
+            arrays[keypaths.join((key, *keypaths.entry_segments(path)))] = _host_array(leaf)
+    return arrays
+
+
+def _write_npz(arrays: dict[str, Any], output: str) -> list[str]:
+    """Writes ``.npz``; dtypes NumPy cannot name (bfloat16, float8) become float32 (exact)."""
+    import numpy as np
+
+    widened = []
+    for key, value in arrays.items():
+        if value.dtype.kind == "V" or type(value.dtype).__module__.startswith("ml_dtypes"):
+            arrays[key] = value.astype(np.float32)
+            widened.append(f"{key} ({value.dtype})")
+    with open(output, "wb") as f:
+        np.savez(f, **arrays)
+    return widened
+
+
+def _write_safetensors(arrays: dict[str, Any], output: str) -> None:
+    try:
+        from safetensors.numpy import save_file
+    except ImportError:
+        raise ValueError(
+            "writing .safetensors needs the safetensors package: pip install safetensors"
+        ) from None
+    save_file({k: v.copy(order="C") for k, v in arrays.items()}, output)
+
+
+def export(
+    path: str,
+    output: str,
+    *,
+    patterns: Sequence[str] | None = None,
+    epoch: int | None = None,
+    node: str | None = None,
+) -> int:
+    """Writes the selected leaves to ``output`` (``.npz``, ``.safetensors``) by key path."""
+    suffix = os.path.splitext(output)[1]
+    if suffix not in (".npz", ".safetensors"):
+        raise ValueError(f"output must end in .npz or .safetensors, got {output!r}")
+    import jaxjob
+
+    workspace = jaxjob.restore(path, epoch=epoch, node_name=node, leaves=patterns or None)
+    arrays = _flat_arrays(workspace)
+    if suffix == ".safetensors":
+        _write_safetensors(arrays, output)
+    else:
+        widened = _write_npz(arrays, output)
+        if widened:
+            print(f"stored as float32 (.npz has no such dtype): {', '.join(widened)}")
+    total = sum(a.nbytes for a in arrays.values())
+    print(f"wrote {len(arrays)} arrays, {human(total)}, to {output}")
+    return 0
+
+
+# ---- verify -------------------------------------------------------------------------------------
+
+
+def verify(path: str) -> int:
+    """Checks each checkpoint at ``path``: a line per damaged leaf and exit 1, or ``ok`` and 0."""
+    from jaxjob._src.checkpoint.verify import checkpoints_under, verify_checkpoint
+
+    damaged = 0
+    for directory in checkpoints_under(path):
+        problems = verify_checkpoint(directory)
+        for line in problems:
+            print(line)
+        if not problems:
+            print(f"ok  {directory}")
+        damaged += bool(problems)
+    if damaged:
+        print(f"{damaged} damaged checkpoint(s)")
+    return 1 if damaged else 0

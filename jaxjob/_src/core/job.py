@@ -1,0 +1,213 @@
+"""Jobs: an init group, an epoch group, a download group, an exit group and stop conditions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxjob._src.core.task import Context, TaskGroup
+from jaxjob._src.core.workspace import Workspace
+
+__all__ = ["EPOCH_COUNTER", "Job", "StopCondition", "epoch_limiter"]
+
+EPOCH_COUNTER = "jaxjob/epochs_done"
+StopCondition = str | Callable[[Workspace], Any]
+
+
+class Job(Context):
+    """The groups of a training job and the conditions that end its epoch loop.
+
+    The ``init_group`` runs once, when starting from scratch; the keys it
+    creates are the persistent state that is checkpointed. The
+    ``epoch_group`` runs in a loop until a stop condition holds at the end
+    of an epoch. The ``download_group`` and then the ``exit_group`` run once
+    at the end. Init and epoch tasks are jitted by default; download and exit
+    tasks run on the host by default (they usually do I/O).
+
+    ``with job:`` enters the epoch group, so ``Task(fn)`` inside it adds an
+    epoch task, and makes ``Job.current()`` return ``job``.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxjob
+        >>> job = jaxjob.Job()
+        >>> @job.init_group.task
+        ... def init(ws):
+        ...     return {"x": jnp.zeros(())}
+        >>> @job.epoch_group.task
+        ... def step(ws):
+        ...     return {"x": ws["x"] + 1, "big": ws["x"] + 1 > 2}
+        >>> job.add_stop_condition("big")
+        >>> job.nodes_to_checkpoint()
+        ['local']
+    """
+
+    _kind = "job"
+
+    def __init__(
+        self,
+        init_group: TaskGroup | None = None,
+        epoch_group: TaskGroup | None = None,
+        download_group: TaskGroup | None = None,
+        exit_group: TaskGroup | None = None,
+        stop_conditions: Sequence[StopCondition] | None = None,
+        nodes_to_checkpoint: Sequence[str] | None = None,
+    ) -> None:
+        self.init_group = init_group or TaskGroup(persistent=True, name="init")
+        self.init_group.persistent = True
+        self.epoch_group = epoch_group or TaskGroup(name="epoch")
+        self.download_group = download_group or TaskGroup(jit=False, name="download")
+        self.exit_group = exit_group or TaskGroup(jit=False, name="exit")
+        self.stop_conditions: list[StopCondition] = []
+        for condition in stop_conditions or ():
+            self.add_stop_condition(condition)
+        self._nodes_to_checkpoint = list(nodes_to_checkpoint) if nodes_to_checkpoint else None
+        self._epoch_counter = False
+
+    def __enter__(self) -> Job:
+        super().__enter__()
+        self.epoch_group.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.epoch_group.__exit__(*exc_info)
+        super().__exit__(*exc_info)
+
+    @classmethod
+    def current(cls) -> Job:
+        """Returns the innermost job entered with ``with``.
+
+        Raises:
+            RuntimeError: If no job is active.
+        """
+        job = cls._current()
+        if job is None:
+            raise RuntimeError("Job.current() called outside a `with job:` block")
+        return job
+
+    def nodes_to_checkpoint(self) -> list[str]:
+        """Node names to checkpoint: the explicit list, or the init group's in first-use order."""
+        if self._nodes_to_checkpoint:
+            return list(self._nodes_to_checkpoint)
+        return self.init_group.used_nodes()
+
+    def add_stop_condition(self, condition: StopCondition) -> None:
+        """Adds a condition checked after every epoch; the loop stops when any holds.
+
+        Args:
+            condition: The name of a scalar boolean leaf or epoch output, or a
+                callable ``ws -> bool`` of the workspace after the epoch.
+
+        Raises:
+            TypeError: If ``condition`` is neither a string nor callable.
+        """
+        if not (isinstance(condition, str) or callable(condition)):
+            raise TypeError(
+                "add_stop_condition: condition must be a workspace name (str) or a callable "
+                f"ws -> bool, got {type(condition).__name__}"
+            )
+        self.stop_conditions.append(condition)
+
+    @property
+    def epoch_limit(self) -> int | None:
+        """The ``num_epochs`` of :func:`epoch_limiter` on this job, or None."""
+        limits = [c.num_epochs for c in self.stop_conditions if isinstance(c, _EpochLimit)]
+        return limits[-1] if limits else None
+
+    def stop_values(self, ws: Workspace) -> tuple[list[bool], set[str]]:
+        """Evaluates the stop conditions on ``ws``.
+
+        Returns:
+            The value of each condition, and the names the conditions read.
+        """
+        recorder = _Recorder(ws)
+        values = [_as_bool(condition, recorder) for condition in self.stop_conditions]
+        return values, recorder.read
+
+
+class _Recorder(Workspace):
+    """A workspace view that records which names are read."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, ws: Workspace) -> None:
+        super().__init__(ws)
+        self.read: set[str] = set()
+
+    def __getitem__(self, name: str) -> Any:
+        self.read.add(name)
+        return super().__getitem__(name)
+
+    def __contains__(self, name: object) -> bool:
+        if isinstance(name, str):
+            self.read.add(name)
+        return name in self._data
+
+
+def _as_bool(condition: StopCondition, ws: _Recorder) -> bool:
+    if isinstance(condition, str):
+        value = ws[condition]
+        label = f"stop condition {condition!r}"
+    else:
+        value = condition(ws)
+        label = f"stop condition {getattr(condition, '__name__', condition)!r}"
+    shape = np.shape(value)
+    if shape not in ((), (1,)):
+        raise ValueError(f"{label} must be a scalar boolean, got a value of shape {shape}")
+    return bool(np.asarray(value).reshape(()))
+
+
+class _EpochLimit:
+    """Stop condition: the workspace's finished-epoch counter reached ``num_epochs``."""
+
+    def __init__(self, num_epochs: int) -> None:
+        self.num_epochs = num_epochs
+        self.__name__ = f"epoch_limiter({num_epochs})"
+
+    def __call__(self, ws: Workspace) -> bool:
+        return int(ws[EPOCH_COUNTER]) >= self.num_epochs
+
+
+def _init_counter(ws: Workspace) -> Mapping[str, Any]:
+    return {EPOCH_COUNTER: jnp.zeros((), jnp.int32)}
+
+
+def _count_epoch(ws: Workspace) -> Mapping[str, Any]:
+    return {EPOCH_COUNTER: ws[EPOCH_COUNTER] + 1}
+
+
+def epoch_limiter(job: Job, num_epochs: int) -> None:
+    """Stops ``job`` once ``num_epochs`` epochs have finished in total.
+
+    The counter of finished epochs (``"jaxjob/epochs_done"``) is persistent
+    state: a resumed job still stops after ``num_epochs`` epochs in all, and
+    re-running a finished job with a larger ``num_epochs`` continues it.
+    Calling it again on the same job replaces the limit.
+
+    Args:
+        job: The job to limit.
+        num_epochs: Total number of epochs, at least 1.
+
+    Raises:
+        ValueError: If ``num_epochs`` is not a positive integer.
+
+    Example:
+        >>> import jaxjob
+        >>> job = jaxjob.Job()
+        >>> jaxjob.epoch_limiter(job, 3)
+        >>> [t.name for t in job.init_group.tasks], [t.name for t in job.epoch_group.tasks]
+        (['_init_counter'], ['_count_epoch'])
+        >>> jaxjob.epoch_limiter(job, 5)
+        >>> job.epoch_limit, len(job.stop_conditions)
+        (5, 1)
+    """
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        raise ValueError(f"epoch_limiter: num_epochs must be an integer >= 1, got {num_epochs!r}")
+    if not job._epoch_counter:
+        job.init_group.add(_init_counter, jit=True)
+        job.epoch_group.add(_count_epoch, jit=True)
+        job._epoch_counter = True
+    job.stop_conditions = [c for c in job.stop_conditions if not isinstance(c, _EpochLimit)]
+    job.add_stop_condition(_EpochLimit(num_epochs))

@@ -1,0 +1,272 @@
+"""Sessions: the current workspace and the compiled programs of task groups."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxjob._src.base.log import get_logger
+from jaxjob._src.core.task import Task, TaskGroup
+from jaxjob._src.core.workspace import Workspace
+
+__all__ = ["Session"]
+
+logger = get_logger(__name__)
+
+
+class Program:
+    """Consecutive jitted tasks of a group, fused into one ``jax.jit`` program.
+
+    Input buffers of names the program overwrites are donated. The names a
+    program sets are found once per workspace structure by an abstract trace.
+    """
+
+    def __init__(self, tasks: list[Task]) -> None:
+        self.tasks = tasks
+        self.producers: dict[str, str] = {}
+        self._set_names: dict[Any, frozenset[str]] = {}
+        self._jitted = jax.jit(self._run, donate_argnums=0)
+
+    def _run(self, donated: dict[str, Any], kept: dict[str, Any]) -> dict[str, Any]:
+        ws = Workspace({**kept, **donated})
+        out: dict[str, Any] = {}
+        for task in self.tasks:
+            result = task.outputs_of(task.fn(ws))
+            for name in result:
+                self.producers[name] = task.node
+            ws = ws.set(result)
+            out.update(result)
+        return out
+
+    def set_names(self, ws: Workspace) -> frozenset[str]:
+        """The names this program sets when run on a workspace shaped like ``ws``."""
+        structure = jax.tree_util.tree_structure(ws)
+        if structure not in self._set_names:
+            shapes = jax.eval_shape(self._run, {}, dict(ws))
+            self._set_names[structure] = frozenset(shapes)
+        return self._set_names[structure]
+
+    def __call__(self, ws: Workspace) -> Workspace:
+        donate = _donatable(ws, self.set_names(ws))
+        kept = {k: v for k, v in ws.items() if k not in donate}
+        out = self._jitted({k: ws[k] for k in donate}, kept)
+        return ws.set(out)
+
+    def abstract(self, ws: Mapping[str, Any]) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shapes, dtypes and shardings of what the program sets, without running it."""
+        compiled = self._jitted.trace({}, dict(ws)).lower().compile()
+        return jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=s.sharding),
+            compiled.out_info,
+        )
+
+
+def _donatable(ws: Workspace, names: frozenset[str]) -> set[str]:
+    """Names in ``names`` whose leaves are all ``jax.Array`` s not shared with another leaf."""
+    counts: dict[int, int] = {}
+    for leaf in jax.tree.leaves(ws):
+        counts[id(leaf)] = counts.get(id(leaf), 0) + 1
+
+    def ok(value: Any) -> bool:
+        leaves = jax.tree.leaves(value)
+        return bool(leaves) and all(
+            isinstance(x, jax.Array) and counts[id(x)] == 1 and not x.is_deleted() for x in leaves
+        )
+
+    return {n for n in names if n in ws and ok(ws[n])}
+
+
+class _HostStep:
+    """One task called on the host."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.producers: dict[str, str] = {}
+
+    def __call__(self, ws: Workspace, traced: Collection[str] = ()) -> Workspace:
+        """Calls the task on ``ws``; the leaves of ``traced`` it returns must keep their types.
+
+        Raises:
+            TypeError: If the task changes the tree structure or a dtype of a
+                name in ``traced`` (naming the task, the key path, what it
+                returned and what was expected).
+            ValueError: If it changes a shape of one.
+        """
+        result = self.task.outputs_of(self.task.fn(ws))
+        for name in sorted(set(result) & set(traced) & set(ws)):
+            _check_kept(self.task.name, name, ws[name], result[name])
+        self.producers.update(dict.fromkeys(result, self.task.node))
+        return ws.set(result)
+
+
+def _describe(leaf: Any) -> str:
+    if isinstance(leaf, jax.Array):
+        kind = "jax.Array"
+    elif isinstance(leaf, np.ndarray):
+        kind = "numpy.ndarray"
+    elif isinstance(leaf, np.generic):
+        kind = "NumPy scalar"
+    else:
+        kind = type(leaf).__name__
+    return f"{kind} of dtype {np.dtype(leaf.dtype)}, shape {tuple(np.shape(leaf))}"
+
+
+def _check_kept(task: str, name: str, before: Any, after: Any) -> None:
+    """Raises if a host task's value of a traced persistent name differs from ``before`` in type.
+
+    A resume restores such a name to the abstract value the init group's
+    jitted tasks (and the epoch group's) trace, so a host task that changes
+    its structure, dtype or shape would save checkpoints that cannot be
+    resumed from: it is reported here, when the task returns, before any save.
+    """
+    old, old_tree = jax.tree_util.tree_flatten_with_path(before)
+    new, new_tree = jax.tree_util.tree_flatten_with_path(after)
+    why = (
+        "a resume restores it as the init group's jitted tasks create it, so a host task must "
+        "return it with the same structure, dtypes and shapes (cast it, e.g. "
+        "jnp.asarray(x, dtype), or make the task jitted)"
+    )
+    if old_tree != new_tree:
+        raise TypeError(
+            f"task {task!r} changed the structure of the persistent leaf {name!r}: it returned "
+            f"{new_tree}, expected {old_tree}; {why}"
+        )
+    for (path, was), (_, now) in zip(old, new, strict=True):
+        if not hasattr(was, "dtype"):
+            continue
+        where = f"[{name!r}]{jax.tree_util.keystr(path)}"
+        dtype = getattr(now, "dtype", None)
+        if dtype is None or np.dtype(dtype) != np.dtype(was.dtype):
+            got = _describe(now) if dtype is not None else f"Python {type(now).__name__}"
+            raise TypeError(
+                f"task {task!r} changed the dtype of the persistent leaf {where}: it returned "
+                f"a {got}, expected dtype {np.dtype(was.dtype)} (it was a {_describe(was)}); {why}"
+            )
+        if tuple(np.shape(now)) != tuple(was.shape):
+            raise ValueError(
+                f"task {task!r} changed the shape of the persistent leaf {where}: it returned "
+                f"a {_describe(now)}, expected shape {tuple(was.shape)} (it was a "
+                f"{_describe(was)}); {why}"
+            )
+
+
+Step = Program | _HostStep
+
+
+def compile_group(group: TaskGroup) -> list[Step]:
+    """Splits ``group`` into fused jitted programs and host steps, in order."""
+    steps: list[Step] = []
+    run: list[Task] = []
+    for task in group.tasks:
+        if group.is_jitted(task):
+            run.append(task)
+            continue
+        if run:
+            steps.append(Program(run))
+            run = []
+        steps.append(_HostStep(task))
+    if run:
+        steps.append(Program(run))
+    return steps
+
+
+class Session:
+    """Holds the current workspace and runs task groups on it.
+
+    One class serves a single process and every process of a
+    ``jax.distributed`` job (each process runs the same groups, SPMD).
+    Compiled groups are cached, so running a group again does not retrace.
+
+    Args:
+        workspace: The initial workspace; empty by default.
+
+    Attributes:
+        key_nodes: The node of each persistent name (the task that set it).
+        traced_names: Persistent names that jitted tasks of a persistent
+            group (the init group) set. A resume restores them to the
+            abstract values those tasks trace, so a host task of the init or
+            the epoch group that returns one must keep its structure, dtypes
+            and shapes: it raises as it returns otherwise (see ``run``'s
+            ``keep_traced``). The runner sets them on resume.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxjob
+        >>> init = jaxjob.TaskGroup(persistent=True)
+        >>> _ = init.add(lambda ws: {"x": jnp.ones(2)})
+        >>> step = jaxjob.TaskGroup()
+        >>> _ = step.add(lambda ws: {"x": ws["x"] * 2, "norm": ws["x"].sum()})
+        >>> session = jaxjob.Session()
+        >>> _ = session.run(init)
+        >>> out = session.run(step)
+        >>> float(out["norm"]), sorted(session.workspace)
+        (2.0, ['x'])
+    """
+
+    def __init__(self, workspace: Mapping[str, Any] | None = None) -> None:
+        self.workspace = Workspace(workspace)
+        self.key_nodes: dict[str, str] = {}
+        self.traced_names: set[str] = set()
+        self._compiled: dict[TaskGroup, tuple[tuple[Task, ...], list[Step]]] = {}
+
+    @property
+    def workspace(self) -> Workspace:
+        """The persistent workspace."""
+        return self._workspace
+
+    @workspace.setter
+    def workspace(self, value: Mapping[str, Any]) -> None:
+        self._workspace = value if isinstance(value, Workspace) else Workspace(value)
+
+    def steps(self, group: TaskGroup) -> list[Step]:
+        """The compiled steps of ``group`` (compiled once, recompiled if its tasks change)."""
+        tasks = tuple(group.tasks)
+        cached = self._compiled.get(group)
+        if cached is None or cached[0] != tasks:
+            cached = (tasks, compile_group(group))
+            self._compiled[group] = cached
+        return cached[1]
+
+    def run(
+        self,
+        group: TaskGroup,
+        *,
+        before_program: Callable[[Workspace], Workspace] | None = None,
+        keep_traced: bool = False,
+    ) -> Workspace:
+        """Runs ``group`` on the workspace.
+
+        Args:
+            group: The group.
+            before_program: Called with the run's workspace before each
+                jitted program of the group; the program runs on what it returns.
+            keep_traced: Check that host tasks keep the structure, dtypes and
+                shapes of :attr:`traced_names` (the runner's epoch group: what
+                it returns is saved); a persistent group is always checked.
+
+        Returns:
+            The run's workspace: persistent names plus the run's outputs.
+            ``session.workspace`` keeps the outputs only for a persistent group.
+
+        Raises:
+            TypeError: If a checked host task changes the structure or a dtype
+                of a name in :attr:`traced_names` (ValueError: a shape), before
+                the value reaches the workspace.
+        """
+        before = set(self._workspace)
+        ws = self._workspace
+        traced = self.traced_names if keep_traced or group.persistent else set()
+        for step in self.steps(group):
+            if isinstance(step, Program):
+                ws = ws if before_program is None else before_program(ws)
+                if group.persistent:
+                    self.traced_names.update(step.set_names(ws))
+                ws = step(ws)
+            else:
+                ws = step(ws, traced)
+            if group.persistent:
+                self.key_nodes.update(step.producers)
+        self._workspace = ws if group.persistent else ws.select(before)
+        return ws

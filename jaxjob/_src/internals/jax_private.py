@@ -1,0 +1,50 @@
+"""Every use of JAX's internals, in one place, each with why no public API serves.
+
+It imports JAX only, never Orbax or TensorStore: the logger (every line
+names its process) and the cross-host waits use it, and importing jaxjob or
+running ``jaxjob launch`` must not import Orbax.
+
+* **The coordination-service client** of ``jax.distributed``, for jaxjob's
+  cross-process waits (:mod:`jaxjob._src.multihost.hosts`): JAX has no public
+  accessor (Orbax reads it the same way).
+* **This process's index before a backend exists**, for the ``[process=i]``
+  prefix of every log line: ``jax.process_index()`` initializes a backend,
+  ``jax._src.distributed.global_state`` does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+__all__ = ["distributed_client", "distributed_process_id"]
+
+
+def distributed_client() -> Any:
+    """The coordination-service client that ``jax.distributed.initialize()`` made.
+
+    Raises:
+        RuntimeError: If ``jax.distributed`` is not initialized.
+    """
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError(
+            f"jax.process_count() is {jax.process_count()} but jax.distributed is not "
+            "initialized; call jaxjob.distributed.initialize() first"
+        )
+    return client
+
+
+def distributed_process_id() -> int | None:
+    """This process's index in a ``jax.distributed`` job, or None outside one.
+
+    Reads JAX's distributed state without initializing a backend, so it is
+    safe to call before ``jax.distributed.initialize()``.
+    """
+    from jax._src import distributed
+
+    state = distributed.global_state
+    return None if state.client is None else state.process_id

@@ -1,0 +1,481 @@
+"""Every use of Orbax's internals, in one place, each with why no public API serves.
+
+jaxjob uses Orbax's public API (``ocp.Checkpointer``, ``ocp.args``, the
+handlers and options) everywhere it can. What it needs beyond that lives
+here, so an Orbax upgrade is checked in one module:
+
+* **Version check.** jaxjob is tested with the Orbax versions in
+  :data:`TESTED_ORBAX`; importing it with another one raises an ``ImportError``
+  saying which, instead of failing at the first save.
+* **Durable commit on local disk** (:class:`DurableRename`). Orbax's atomic
+  rename does not fsync the small metadata files nor the parent directory
+  after the rename, so a power loss right after a reported commit could lose
+  or tear the newest checkpoint. Orbax exposes only the ``TemporaryPath``
+  class to change how a save is committed, and its implementation lives in
+  ``orbax.checkpoint._src``. Since that commit flushes every file, TensorStore's
+  own fsync of each file it writes there is turned off through the kvstore
+  spec (below), for those directories only.
+* **Object stores.** ``gs://`` works through Orbax unchanged, with the commit
+  file (``commit_success.txt``) instead of a rename. ``s3://`` needs the same
+  commit file plus TensorStore's ``s3`` driver: Orbax 0.12 builds TensorStore
+  specs only for ``gs://`` and local paths (``tensorstore_utils.build_kvstore_tspec``),
+  so :func:`_kvstore_tspec` wraps it.
+* **Private checkpoints** (one process writes a node's checkpoint alone).
+  Orbax's NumPy handler writes only on the primary host, with no option to
+  write on the calling process; :class:`_ThisProcessNumpyHandler` overrides it.
+* **Checksum files** (:class:`ManifestHandler`). Each process writes its
+  checksums beside the manifest once its background thread has computed them,
+  inside Orbax's write, so they commit with the checkpoint. The JSON handler
+  writes on the primary host only and has no hook for that; its private
+  ``_save_fn`` is overridden.
+* **Restore without a second copy on CPU** (:func:`_read_shard`). Orbax reads each
+  shard into a fresh NumPy buffer and ``jax.device_put`` s it; NumPy aligns large
+  buffers to 16 bytes, XLA's CPU client needs 64 to use one in place, so every
+  restored byte was copied once more (time, and 1.6-1.7x the workspace in peak
+  RSS). The buffer is allocated 64-byte aligned instead; Orbax has no option
+  for it, and ``_read_shard`` is private.
+* **Step metadata and saved shardings** (:func:`commit_times`,
+  :func:`saved_shardings`): Orbax writes them in files it has no public reader
+  for (without constructing a checkpointer).
+
+Replacing Orbax's functions (the two above: ``build_kvstore_tspec`` and
+``_read_shard``) is not done at import: :func:`install` does it, once, and
+:func:`checkpointer`, which makes every Orbax checkpointer jaxjob uses (the
+managers, ``restore``, ``verify``), calls it. Importing this module only checks
+the Orbax version and registers the manifest item's save and restore
+arguments. JAX's internals (the ``jax.distributed`` client) are in
+:mod:`jaxjob._src.internals.jax_private`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import importlib.metadata
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
+from etils import epath
+from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
+from orbax.checkpoint._src.path import async_path, atomicity
+from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
+
+from jaxjob._src.base import fs
+
+__all__ = [
+    "TESTED_ORBAX",
+    "DurableRename",
+    "ManifestHandler",
+    "ManifestRestore",
+    "ManifestSave",
+    "checkpointer",
+    "install",
+    "private_options",
+    "private_registry",
+    "saved_shardings",
+]
+
+TESTED_ORBAX = ((0, 12, 8), (0, 13, 0))  # [lower, upper): keep in sync with pyproject.toml
+COMMIT_FILE = atomicity.COMMIT_SUCCESS_FILE
+
+
+def _check_version() -> None:
+    installed = importlib.metadata.version("orbax-checkpoint")
+    parts = tuple(int(p) for p in installed.split(".")[:3] if p.isdigit())
+    low, high = TESTED_ORBAX
+    if not low <= parts < high:
+        raise ImportError(
+            f"jaxjob needs orbax-checkpoint >={'.'.join(map(str, low))},<"
+            f"{'.'.join(map(str, high))} (the versions it is tested with), but {installed} "
+            "is installed; run: pip install 'orbax-checkpoint>=0.12.8,<0.13'"
+        )
+
+
+_check_version()
+
+
+# ---- durable commit -------------------------------------------------------------------------
+
+
+# Temporary directories that a DurableRename is writing: every file under them is fsynced by
+# its finalize before the commit, so TensorStore need not fsync them as it writes. A save that
+# fails before its finalize leaves its entry: harmless, as only a DurableRename commits there.
+_flushed_at_commit: set[str] = set()
+_flushed_lock = threading.Lock()
+
+
+def _flushed_at_commit_under(directory: str) -> bool:
+    """Whether ``directory`` lies in a temporary directory that DurableRename will flush."""
+    with _flushed_lock:
+        return any(directory == d or directory.startswith(d + "/") for d in _flushed_at_commit)
+
+
+class DurableRename(atomicity.AtomicRenameTemporaryPath):
+    """Orbax's atomic rename, with every file and the rename itself fsynced.
+
+    The files under the temporary directory are flushed before the rename,
+    and the parent directory after it, so a checkpoint that is visible under
+    its final name is on stable storage. They are flushed concurrently, all
+    at once (:func:`jaxjob._src.base.fs.fsync_tree`); so TensorStore, whose writes to
+    that directory are flushed then, does not fsync each file as it writes
+    it (:func:`_kvstore_tspec`).
+    """
+
+    async def create(self) -> epath.Path:
+        """Creates the temporary directory; TensorStore's writes under it skip their fsyncs."""
+        install()  # the kvstore spec that skips them
+        with _flushed_lock:
+            _flushed_at_commit.add(os.fspath(self._tmp_path))
+        return await super().create()
+
+    async def finalize(self) -> None:
+        """Writes the commit marker, flushes everything, renames, flushes the parent."""
+        try:
+            await self._commit()
+        finally:
+            with _flushed_lock:
+                _flushed_at_commit.discard(os.fspath(self._tmp_path))
+
+    async def _commit(self) -> None:
+        store = self._checkpoint_metadata_store
+        if store:
+            await asyncio.to_thread(store.wait_until_finished)
+            await asyncio.to_thread(
+                store.update,
+                file_path=checkpoint_metadata.step_metadata_file_path(self._tmp_path),
+                commit_timestamp_nsecs=time.time_ns(),
+            )
+            await asyncio.to_thread(store.wait_until_finished)
+        await async_path.write_text(
+            self._tmp_path / COMMIT_FILE, f"Checkpoint commit was successful to {self._final_path}"
+        )
+        await asyncio.to_thread(fs.fsync_tree, os.fspath(self._tmp_path))
+        await async_path.rename(self._tmp_path, self._final_path)
+        await asyncio.to_thread(fs.fsync_dir, os.fspath(self._final_path.parent))
+
+
+def commit_file_options(path: str) -> ocp.options.AtomicityOptions | None:
+    """Orbax's commit-file atomicity for object stores (``path`` remote), else None.
+
+    Object stores cannot rename a directory: a checkpoint is written in place
+    and committed by its ``commit_success.txt``. The checkpointer and the
+    composite handler both need it, on save and on restore (which then
+    refuses a checkpoint without the marker).
+    """
+    if not fs.is_remote(path):
+        return None
+    return ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
+
+
+def _commit_options(path: str) -> dict[str, Any]:
+    """How a checkpoint at ``path`` is committed: durable rename, or a commit file."""
+    if fs.is_remote(path):
+        return {"atomicity_options": commit_file_options(path)}
+    return {"temporary_path_class": DurableRename}
+
+
+# ---- s3 -------------------------------------------------------------------------------------
+
+_build_kvstore_tspec = tensorstore_utils.build_kvstore_tspec
+
+
+def s3_kvstore(bucket: str, path: str) -> dict[str, Any]:
+    """TensorStore's ``s3`` kvstore spec, with endpoint, region and credentials from ``AWS_*``.
+
+    TensorStore does not read ``AWS_ENDPOINT_URL`` itself (S3-compatible
+    stores, local test servers).
+    """
+    spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": path}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        spec["endpoint"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        spec["aws_region"] = region
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        spec["aws_credentials"] = {"type": "environment"}
+    return spec
+
+
+def _gcs_to_s3(spec: Any) -> Any:
+    if isinstance(spec, dict):
+        if spec.get("driver") in ("gcs", "gcs_grpc"):
+            return s3_kvstore(spec["bucket"], spec.get("path", ""))
+        return {k: _gcs_to_s3(v) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [_gcs_to_s3(v) for v in spec]
+    return spec
+
+
+def _without_file_sync(spec: Any) -> Any:
+    """``spec`` with ``file_io_sync`` off in each of its ``file`` kvstores."""
+    if isinstance(spec, dict):
+        spec = {k: _without_file_sync(v) for k, v in spec.items()}
+        return spec | {"file_io_sync": False} if spec.get("driver") == "file" else spec
+    if isinstance(spec, list):
+        return [_without_file_sync(v) for v in spec]
+    return spec
+
+
+def _kvstore_tspec(directory: Any, name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Orbax's TensorStore kvstore spec; ``s3://`` built as Orbax builds ``gs://``, on ``s3``.
+
+    Orbax's own code lays out the spec (OCDBT, per-process directories,
+    remote-storage tuning); each ``gcs`` kvstore in it is then replaced.
+    Every Orbax caller looks ``build_kvstore_tspec`` up on its module at call
+    time, so replacing that one attribute covers them all.
+
+    Under a temporary directory that :class:`DurableRename` is writing, the
+    local files are written without TensorStore's fsync of each file (and of
+    its directory, and of each OCDBT manifest update, one after the other):
+    ``DurableRename.finalize`` flushes every file of the tree before the
+    commit. Other paths (Orbax used directly, without jaxjob) are untouched.
+    """
+    text = str(directory)
+    if text.startswith("s3://"):
+        return _gcs_to_s3(_build_kvstore_tspec("gs://" + text[len("s3://") :], name, **kwargs))
+    spec = _build_kvstore_tspec(directory, name, **kwargs)
+    if "://" not in text and _flushed_at_commit_under(os.path.normpath(text)):
+        return _without_file_sync(spec)
+    return spec
+
+
+# ---- restore buffers ------------------------------------------------------------------------
+
+_ALIGN = 64  # bytes: what XLA's CPU client needs to use a host buffer in place
+
+
+def aligned_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """A zeroed C-order array whose data starts on a 64-byte boundary.
+
+    Example:
+        >>> aligned_zeros((3, 5), "float32").ctypes.data % 64, aligned_zeros((3, 5), "f4").shape
+        (0, (3, 5))
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.zeros(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(tuple(shape))
+
+
+async def _read_shard(
+    t: Any,
+    *,
+    new_shard_shape: Sequence[int],
+    dtype: Any,
+    requested_domain: Any,
+    restricted_domain: Any,
+) -> np.ndarray:
+    """Orbax's ``serialization._read_shard``, reading into a 64-byte aligned buffer.
+
+    ``jax.device_put`` of the result onto a CPU device then uses the buffer in
+    place rather than copying it (on an accelerator it is copied as before).
+    """
+    out = aligned_zeros(new_shard_shape, t.dtype.numpy_dtype)
+    target = ts.array(out)[ts.d[:].translate_to[requested_domain.origin]][restricted_domain]
+    await target.write(t[restricted_domain])
+    if dtype is not None:
+        out = await asyncio.to_thread(out.astype, dtype, copy=False)
+    return out
+
+
+# ---- installing the replacements -------------------------------------------------------------
+
+_installed = False
+_install_lock = threading.Lock()
+
+
+def install() -> None:
+    """Puts jaxjob's replacements of two Orbax functions in place; later calls do nothing.
+
+    ``tensorstore_utils.build_kvstore_tspec`` becomes :func:`_kvstore_tspec`
+    (``s3://``; no per-file fsync under a :class:`DurableRename`) and
+    ``serialization._read_shard`` becomes :func:`_read_shard` (64-byte aligned
+    restore buffers). Orbax looks both up on their modules at call time.
+    :func:`checkpointer` calls it, so every checkpoint jaxjob opens has them
+    (and :meth:`DurableRename.create`, whose fsync skipping needs the first).
+    """
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        tensorstore_utils.build_kvstore_tspec = _kvstore_tspec
+        serialization._read_shard = _read_shard
+        _installed = True
+
+
+# ---- checksum files ------------------------------------------------------------------------
+
+
+class ManifestHandler(ocp.JsonCheckpointHandler):
+    """Orbax's JSON handler for the manifest; every process also writes its checksum file.
+
+    A document with a ``checksum_file()`` method
+    (:class:`jaxjob._src.checkpoint.checksum.PendingManifest`) gives this process's
+    file, waiting in Orbax's background thread for its checksums.
+    """
+
+    async def _save_fn(self, x: Any, directory: epath.Path) -> None:
+        await super()._save_fn(dict(x), directory)
+        if hasattr(x, "checksum_file"):
+            name, text = await asyncio.to_thread(x.checksum_file)
+            await async_path.write_text(directory / name, text)
+
+
+# Orbax records each item handler's class path (``__module__`` + ``__qualname__``) in every
+# checkpoint's ``_CHECKPOINT_METADATA``. Every checkpoint written before the move to
+# ``jaxjob._src`` says ``jaxjob.orbax_adapter.ManifestHandler``: keeping that name keeps new
+# checkpoints byte-identical to old ones, and ``jaxjob/orbax_adapter.py`` keeps it importable.
+ManifestHandler.__module__ = "jaxjob.orbax_adapter"
+
+
+@ocp.args.register_with_handler(ManifestHandler, for_save=True)
+@dataclasses.dataclass
+class ManifestSave(ocp.args.JsonSave):
+    """Saves the manifest item through :class:`ManifestHandler`."""
+
+
+@ocp.args.register_with_handler(ManifestHandler, for_restore=True)
+@dataclasses.dataclass
+class ManifestRestore(ocp.args.JsonRestore):
+    """Restores the manifest item through :class:`ManifestHandler`."""
+
+
+# ---- private checkpoints --------------------------------------------------------------------
+
+
+class _ThisProcessNumpyHandler(ocp.type_handlers.NumpyHandler):
+    """Orbax's NumPy handler, writing on the calling process instead of the primary host only."""
+
+    async def _background_serialize(
+        self,
+        values: Sequence[np.ndarray],
+        infos: Sequence[Any],
+        args: Sequence[Any] | None = None,
+    ) -> None:
+        writes = []
+        for value, info, arg in zip(values, infos, args or [None] * len(values), strict=True):
+            await info.await_path_creation()
+            spec = tensorstore_utils.build_array_write_spec(
+                info=info,
+                arg=arg,
+                global_shape=value.shape,
+                local_shape=value.shape,
+                dtype=value.dtype,
+                use_ocdbt=False,
+                process_index=None,
+                metadata_key=self._metadata_key,
+            )
+            writes.append(self._open_and_write(value, spec.json, info.ts_context))
+        await asyncio.gather(*writes)
+
+
+def private_registry() -> Any:
+    """The Orbax type-handler registry of private items: NumPy arrays only."""
+    return ocp.type_handlers.create_type_handler_registry((np.ndarray, _ThisProcessNumpyHandler()))
+
+
+def private_options() -> ocp.options.MultiprocessingOptions:
+    """Orbax options making this process the only one that takes part."""
+    me = jax.process_index()
+    return ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"jaxjob_private_{me}"
+    )
+
+
+# ---- checkpointers --------------------------------------------------------------------------
+
+
+def checkpointer(
+    path: str,
+    handler: ocp.CompositeCheckpointHandler,
+    *,
+    private: bool,
+    async_timeout_s: float | None = None,
+) -> ocp.Checkpointer:
+    """An Orbax checkpointer for checkpoints under ``path`` (a db_prefix or a checkpoint).
+
+    Args:
+        path: Where the checkpoints are (chooses how a save is committed).
+        handler: The composite handler of a checkpoint directory.
+        private: This process alone takes part (in a multi-process job).
+        async_timeout_s: Make an ``AsyncCheckpointer`` whose background
+            write may take this long; None: a synchronous one.
+    """
+    install()
+    kwargs = _commit_options(path)
+    alone = private and jax.process_count() > 1
+    if alone:
+        kwargs["multiprocessing_options"] = private_options()
+    if async_timeout_s is None:
+        return ocp.Checkpointer(handler, **kwargs)
+    options = ocp.AsyncOptions(
+        timeout_secs=max(1, round(async_timeout_s)),
+        # Orbax keys the signals of asynchronous directory creation by a per-process
+        # counter in the job-wide key-value store: the private saves of two processes
+        # would collide.
+        create_directories_asynchronously=not alone,
+    )
+    return ocp.AsyncCheckpointer(handler, async_options=options, **kwargs)
+
+
+# ---- step metadata and saved shardings ----------------------------------------------------
+
+
+def commit_times(path: str) -> tuple[float | None, float | None]:
+    """When Orbax started and committed the checkpoint at ``path`` (seconds), if recorded.
+
+    Orbax keeps them in its step metadata file, which has no public reader
+    that works without constructing a checkpointer.
+    """
+    file = os.fspath(checkpoint_metadata.step_metadata_file_path(epath.Path(path)))
+    try:
+        doc = json.loads(fs.read_text(file))
+    except (OSError, ValueError):
+        return None, None
+    start, commit = doc.get("init_timestamp_nsecs"), doc.get("commit_timestamp_nsecs")
+    return (start / 1e9 if start else None), (commit / 1e9 if commit else None)
+
+
+def saved_shardings(path: str) -> dict[str, str]:
+    """How each ``jax.Array`` leaf at ``path`` was sharded when saved, by stored name.
+
+    Orbax records it in the ``state`` item's ``_sharding`` file (JSON, keyed
+    by the base64 of the leaf's tree key), which has no public reader. Leaves
+    it does not record are left out: private checkpoints, NumPy leaves.
+    """
+    try:
+        doc = json.loads(fs.read_text(fs.join(path, "state", "_sharding")))
+    except (OSError, ValueError):
+        return {}
+    found = {}
+    for key, text in doc.items():
+        try:
+            name = base64.b64decode(key).decode()
+            found[name] = _describe_sharding(json.loads(text))
+        except (ValueError, TypeError, KeyError):  # not a leaf this version of jaxjob wrote
+            continue
+    return found
+
+
+def _describe_sharding(doc: dict[str, Any]) -> str:
+    """``cpu:0`` for one device; ``P(None, 'model') on data=2,model=2`` for a named sharding."""
+    if doc["sharding_type"] == "SingleDeviceSharding":
+        return str(doc["device_str"])
+    if doc["sharding_type"] == "NamedSharding":
+        axes = ",".join(f"{a}={n}" for a, n in zip(doc["axis_names"], doc["shape"], strict=True))
+        spec = ", ".join(
+            repr(p) if not isinstance(p, list) else repr(tuple(p)) for p in doc["partition_spec"]
+        )
+        return f"P({spec}) on {axes}"
+    return str(doc["sharding_type"])

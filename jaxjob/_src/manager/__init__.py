@@ -1,0 +1,4 @@
+"""A series of epochs' checkpoints: the two managers, metadata, retention, locks, boundaries.
+
+Imports ``base``, ``core``, ``multihost``, ``internals`` and ``checkpoint``.
+"""

@@ -1,0 +1,158 @@
+"""Retention policies: which committed epochs a checkpoint manager keeps.
+
+Public as :mod:`jaxjob.keep`, whose docstring says more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+__all__ = ["Best", "Every", "Last", "Policy", "kept", "metric_names", "normalize"]
+
+
+def _positive(value: object, argument: str, policy: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{policy}: {argument} must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Last:
+    """Keeps the ``n`` newest committed epochs.
+
+    Example:
+        >>> sorted(kept(Last(2), range(9)))
+        [7, 8]
+    """
+
+    n: int
+
+    def __post_init__(self) -> None:
+        _positive(self.n, "n", "Last")
+
+    def select(self, epochs: Sequence[int], metrics: Mapping[int, Mapping[str, float]]) -> set[int]:
+        """The epochs of ``epochs`` (ascending) this policy keeps."""
+        return set(epochs[-self.n :])
+
+
+@dataclasses.dataclass(frozen=True)
+class Every:
+    """Keeps the epochs divisible by ``k`` (epoch 0 included).
+
+    Example:
+        >>> sorted(kept(Every(4), range(9)))
+        [0, 4, 8]
+    """
+
+    k: int
+
+    def __post_init__(self) -> None:
+        _positive(self.k, "k", "Every")
+
+    def select(self, epochs: Sequence[int], metrics: Mapping[int, Mapping[str, float]]) -> set[int]:
+        """The epochs of ``epochs`` this policy keeps."""
+        return {e for e in epochs if e % self.k == 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Best:
+    """Keeps the ``n`` epochs with the best value of the scalar ``name``.
+
+    ``name`` is an output of the epoch group (or a persistent scalar leaf);
+    its value is stored in each checkpoint's manifest, so the ranking
+    survives restarts. Epochs saved without it (epoch 0, usually) or with a
+    NaN are not ranked. Ties go to the newer epoch.
+
+    Args:
+        name: The scalar's name.
+        n: How many epochs to keep.
+        mode: ``"max"`` (higher is better) or ``"min"``.
+
+    Example:
+        >>> metrics = {1: {"acc": 0.5}, 2: {"acc": 0.9}, 3: {"acc": 0.7}}
+        >>> sorted(kept(Best("acc"), [1, 2, 3], metrics))
+        [2, 3]
+    """
+
+    name: str
+    n: int = 1
+    mode: Literal["max", "min"] = "max"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Best: name must be a non-empty str, got {self.name!r}")
+        _positive(self.n, "n", "Best")
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"Best: mode must be 'max' or 'min', got {self.mode!r}")
+
+    def select(self, epochs: Sequence[int], metrics: Mapping[int, Mapping[str, float]]) -> set[int]:
+        """The ``n`` epochs of ``epochs`` with the best ``name`` in ``metrics``."""
+        sign = 1.0 if self.mode == "max" else -1.0
+        ranked = sorted(
+            (
+                (sign * value, e)
+                for e in epochs
+                if (value := metrics.get(e, {}).get(self.name)) is not None
+                and not math.isnan(value)
+            ),
+            reverse=True,
+        )
+        return {e for _, e in ranked[: self.n]}
+
+
+Policy = Last | Every | Best
+
+
+def normalize(keep: Policy | Iterable[Policy] | None) -> tuple[Policy, ...] | None:
+    """``keep`` as a tuple of policies (None: keep everything).
+
+    Raises:
+        ValueError: If ``keep`` is not a policy of :mod:`jaxjob.keep` or a list of them.
+
+    Example:
+        >>> normalize(Last(2))
+        (Last(n=2),)
+    """
+    if keep is None:
+        return None
+    policies = (keep,) if isinstance(keep, Policy) else tuple(keep) if _iterable(keep) else None
+    if not policies or not all(isinstance(p, Policy) for p in policies):
+        raise ValueError(
+            "keep must be None, a policy of jaxjob.keep (Last, Every, Best) or a non-empty "
+            f"list of them, got {keep!r}"
+        )
+    return policies
+
+
+def _iterable(value: object) -> bool:
+    return isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping)
+
+
+def metric_names(policies: Sequence[Policy] | None) -> tuple[str, ...]:
+    """The scalar names the :class:`Best` policies rank by, in order, once each."""
+    names = [p.name for p in policies or () if isinstance(p, Best)]
+    return tuple(dict.fromkeys(names))
+
+
+def kept(
+    keep: Policy | Iterable[Policy] | None,
+    epochs: Iterable[int],
+    metrics: Mapping[int, Mapping[str, float]] | None = None,
+) -> set[int]:
+    """The epochs of ``epochs`` that ``keep`` keeps: its policies' union, plus the newest.
+
+    Args:
+        keep: A policy, a list of them, or None (everything).
+        epochs: Committed epochs.
+        metrics: For :class:`Best`: epoch -> {name: value}.
+    """
+    ordered = sorted(set(epochs))
+    policies = normalize(keep)
+    if policies is None:
+        return set(ordered)
+    result = set(ordered[-1:])
+    for policy in policies:
+        result |= policy.select(ordered, metrics or {})
+    return result

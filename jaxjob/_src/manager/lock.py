@@ -1,0 +1,452 @@
+"""One writer per node and directory: the lock a checkpoint manager holds while it writes.
+
+The lock of node ``n`` under ``db_prefix`` is the file
+``<db_prefix>/.jaxjob/n.lock`` (:func:`lock_path`), a small JSON record
+naming its holder (host, pid, start time) and when the holder last renewed
+it. It lies in the folder :data:`LOCK_DIR` so that nothing of jaxjob's own
+sits beside the checkpoint directories ``<node>.<epoch>``: a
+``glob("n.*")`` finds only those. The folder is removed with the last lock
+in it. A manager takes it before its first write (``init`` or the first
+``save``), keeps it while it lives and releases it on ``close()`` or when
+the process exits. Reading (``load``, ``restore``, the
+CLI) never takes it.
+
+* **Another live writer**: taking the lock fails with
+  :class:`~jaxjob.CheckpointInUseError` naming the holder, before anything
+  is written.
+* **A dead holder** is taken over: on the same host at once when its pid is
+  gone, belongs to another process since, or is a zombie (killed but not
+  yet reaped by its parent or by init, which may take seconds, or never
+  happen in a container without a reaping init); on another host when it
+  has not renewed the lock for :data:`LEASE_S` seconds. A background thread renews
+  it every :data:`LEASE_S` / 4 seconds. Hosts' clocks must agree to well
+  within :data:`LEASE_S`.
+* **One job, one lock**: in a ``jax.distributed`` job process 0 takes it for
+  every process (a node private to one process: that process) and the
+  others learn the outcome.
+* **The same process** may build several managers on one node (a re-run
+  notebook cell): they share the lock, which is released when the last of
+  them closes. Saving from two of them at once is up to you not to do.
+
+Every read-modify-write of the record happens under an exclusive
+``flock`` of the lock file, which the kernel releases if its holder dies
+(on network file systems this needs working ``flock``, as NFSv4 has). On
+``gs://`` and ``s3://`` the lock is an object created only if absent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxjob._src.base import faults, fs
+from jaxjob._src.base.errors import CheckpointInUseError
+from jaxjob._src.base.log import get_logger
+from jaxjob._src.multihost import hosts
+
+__all__ = ["LEASE_S", "LOCK_DIR", "Holder", "WriterLock", "acquire", "lock_path"]
+
+logger = get_logger(__name__)
+
+LEASE_S = 60.0
+LOCK_DIR = ".jaxjob"  # under db_prefix: the locks of its nodes, outside the ``<node>.*`` names
+
+
+def lock_path(db_prefix: str, node_name: str) -> str:
+    """The lock record of ``node_name`` under ``db_prefix``.
+
+    Example:
+        >>> lock_path("/ckpt", "trainer_0")
+        '/ckpt/.jaxjob/trainer_0.lock'
+    """
+    return fs.join(db_prefix, LOCK_DIR, f"{node_name}.lock")
+
+
+EXITED_STATES = ("Z", "X", "x")  # /proc states of a process that has exited, not yet reaped
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), if readable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (tells a reused pid apart), if known."""
+    fields = stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _pid_dead(pid: int) -> bool:
+    """Whether ``pid`` is a zombie or dying: it exited (or was killed) but is not reaped yet.
+
+    Such a process holds no files and runs no code: its lock is free, though
+    ``kill(pid, 0)`` still succeeds until its parent (or init) reaps it.
+    """
+    fields = stat_fields(pid)
+    return fields is not None and bool(fields) and fields[0] in EXITED_STATES
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """Who holds a lock: host, pid, when it started, when it last renewed, a unique token."""
+
+    host: str
+    pid: int
+    pid_start: str | None
+    started: float
+    renewed: float
+    token: str
+    processes: int = 1
+
+    @classmethod
+    def me(cls) -> Holder:
+        """A record naming this process, renewed now."""
+        now = time.time()
+        pid = os.getpid()
+        return cls(
+            socket.gethostname(), pid, _pid_start(pid), now, now, uuid.uuid4().hex,
+            jax.process_count(),
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        """``host 'h', pid 12, started 2026-01-01 10:00:00 UTC``."""
+        started = datetime.datetime.fromtimestamp(self.started, datetime.UTC)
+        job = f" (process 0 of a {self.processes}-process job)" if self.processes > 1 else ""
+        return f"host {self.host!r}, pid {self.pid}{job}, started {started:%Y-%m-%d %H:%M:%S} UTC"
+
+    def alive(self, lease_s: float, mine: set[str]) -> bool:
+        """Whether the holder still lives (``mine``: tokens this process holds)."""
+        if self.host == socket.gethostname():
+            if self.pid == os.getpid():
+                return self.token in mine
+            if self.pid_start is not None and _pid_start(self.pid) not in (None, self.pid_start):
+                return False
+            if _pid_dead(self.pid):
+                return False
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            return True
+        return time.time() - self.renewed < lease_s
+
+
+class _LocalRecord:
+    """The lock file on local (or network) disk; changes under an exclusive ``flock``.
+
+    A released lock's file is deleted, and its folder with the last lock in
+    it. A process that waited for the ``flock`` of a file deleted meanwhile
+    sees another inode at the path and starts over.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def change(
+        self, fn: Callable[[Holder | None], Holder | None], *, create: bool = False
+    ) -> Holder | None:
+        """Replaces the record by ``fn(record)`` atomically (None deletes it); returns it.
+
+        Args:
+            fn: The change.
+            create: Whether to create the lock folder (taking the lock);
+                otherwise a missing folder raises ``FileNotFoundError``.
+        """
+        while True:
+            fd = self._open(create)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if _same_file(fd, self.path):
+                    return self._change(fd, fn)
+            finally:
+                os.close(fd)  # releases the flock
+
+    def _open(self, create: bool) -> int:
+        """Opens (creating) the lock file; ``create``: and its folder in the existing db_prefix."""
+        for _ in range(100):
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(os.path.dirname(self.path))
+            try:
+                return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                # another node's release removed the folder between our mkdir and open
+        raise OSError(f"could not create the lock file {self.path}: its folder keeps vanishing")
+
+    def _change(self, fd: int, fn: Callable[[Holder | None], Holder | None]) -> Holder | None:
+        new = fn(_parse(os.pread(fd, 1 << 16, 0).decode(errors="replace")))
+        if new is None:
+            os.unlink(self.path)
+            try:
+                os.rmdir(os.path.dirname(self.path))
+            except OSError as err:  # other nodes' locks are in it, or it is gone
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    raise
+            return None
+        data = json.dumps(dataclasses.asdict(new)).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+        return new
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+class _RemoteRecord:
+    """The lock object on an object store: created only if absent, deleted to release."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def change(
+        self, fn: Callable[[Holder | None], Holder | None], *, create: bool = False
+    ) -> Holder | None:
+        """Replaces the record by ``fn(record)`` (None deletes it); returns it.
+
+        ``create`` is for the local record's signature: an object store has no folders.
+        """
+        current = _parse(fs.read_text(self.path)) if fs.exists(self.path) else None
+        new = fn(current)
+        if new is None:
+            fs.remove(self.path)
+        elif current is not None and new.token == current.token:
+            fs.write_text(self.path, json.dumps(dataclasses.asdict(new)))
+        else:
+            if current is not None:
+                fs.remove(self.path)
+            if not _create_only(self.path, json.dumps(dataclasses.asdict(new))):
+                raise _Lost(self.path)
+        return new
+
+
+class _Lost(Exception):
+    """Another writer created the lock object between our read and our write."""
+
+
+def _create_only(path: str, text: str) -> bool:
+    """Writes the object ``path`` only if it does not exist; False if it did."""
+    import fsspec
+
+    filesystem, _, (key,) = fsspec.get_fs_token_paths(path)
+    try:
+        if path.startswith("gs://"):
+            filesystem.pipe_file(key, text.encode(), mode="create")
+        else:
+            with filesystem.open(key, "xb") as f:
+                f.write(text.encode())
+    except FileExistsError:
+        return False
+    return True
+
+
+def _parse(text: str) -> Holder | None:
+    try:
+        doc = json.loads(text) if text.strip() else {}
+        return Holder(**doc) if doc else None
+    except (ValueError, TypeError):
+        return None
+
+
+_registry: dict[str, list[Any]] = {}  # lock path -> [WriterLock, managers sharing it]
+_registry_lock = threading.Lock()
+
+
+class WriterLock:
+    """This process's hold on the lock of one node under one ``db_prefix``."""
+
+    def __init__(self, db_prefix: str, node_name: str, *, lease_s: float = LEASE_S) -> None:
+        self.path = lock_path(db_prefix, node_name)
+        self.lease_s = lease_s
+        self._record = (_RemoteRecord if fs.is_remote(self.path) else _LocalRecord)(self.path)
+        self._holder: Holder | None = None
+        self.lost: str | None = None  # why this process no longer holds the lock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def take(self) -> None:
+        """Takes the lock (a dead holder's too).
+
+        Raises:
+            CheckpointInUseError: If a live process holds it.
+        """
+        mine = Holder.me()
+        tokens = {mine.token}
+
+        def decide(current: Holder | None) -> Holder:
+            if current is not None and current.alive(self.lease_s, tokens):
+                raise CheckpointInUseError(
+                    f"{self.path} is held by another writer ({current.describe()}); "
+                    "another job or a second launch writes this node under this db_prefix. "
+                    "Stop it, or write to another db_prefix; a dead holder's lock is taken "
+                    "over (same host: once its pid is gone or a zombie; another host: after "
+                    f"{self.lease_s:g} s)"
+                )
+            if current is not None:
+                logger.info(
+                    "Taking over the lock %s of a dead writer (%s)", self.path, current.describe()
+                )
+                faults.point("lock.takeover")
+            return mine
+
+        try:
+            self._holder = self._record.change(decide, create=True)
+        except _Lost:
+            raise CheckpointInUseError(
+                f"{self.path} was taken by another writer just now"
+            ) from None
+        self._thread = threading.Thread(
+            target=self._renew, name=f"jaxjob-lock {self.path}", daemon=True
+        )
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease_s / 4):
+            try:
+                self._record.change(self._renewed)
+            except FileNotFoundError as err:  # the lock, or its directory, was deleted
+                self.lost = f"{self.path} vanished ({err}); was the directory deleted?"
+                logger.error("Lost the lock %s: %s", self.path, self.lost)
+                return
+            except OSError as err:  # retried at the next renewal, within the lease
+                logger.error("Could not renew the lock %s: %s", self.path, err)
+            except CheckpointInUseError as err:
+                self.lost = str(err)
+                logger.error("Lost the lock %s: %s", self.path, err)
+                return
+
+    def _renewed(self, current: Holder | None) -> Holder | None:
+        if current is None or self._holder is None or current.token != self._holder.token:
+            raise CheckpointInUseError(
+                f"{self.path} was taken over by {current and current.describe()}"
+            )
+        return dataclasses.replace(current, renewed=time.time())
+
+    def release(self) -> None:
+        """Stops renewing and removes this process's record (if still its own)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        holder, self._holder = self._holder, None
+        if holder is None:
+            return
+        try:
+            self._record.change(
+                lambda current: None if current and current.token == holder.token else current
+            )
+        except OSError as err:
+            logger.warning("Could not release the lock %s: %s", self.path, err)
+
+
+class Handle:
+    """One manager's share of a lock; :meth:`release` once."""
+
+    def __init__(self, path: str | None) -> None:
+        self._path = path
+
+    def lost(self) -> CheckpointInUseError | None:
+        """The error to raise if another writer took the lock over (this process's part)."""
+        with _registry_lock:
+            entry = _registry.get(self._path) if self._path else None
+        if entry is None or entry[0].lost is None:
+            return None
+        return CheckpointInUseError(
+            f"{self._path}: this process's lease lapsed and another writer took the lock "
+            f"over ({entry[0].lost}); stop this run"
+        )
+
+    def release(self) -> None:
+        """Gives this share back; the lock is released with the last share of the process."""
+        path, self._path = self._path, None
+        if path is None:
+            return
+        with _registry_lock:
+            entry = _registry.get(path)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del _registry[path]
+        entry[0].release()
+
+
+def _take_here(db_prefix: str, node_name: str) -> str:
+    lock = WriterLock(db_prefix, node_name)
+    with _registry_lock:
+        entry = _registry.get(lock.path)
+        if entry is not None:
+            entry[1] += 1
+            return lock.path
+        lock.take()
+        _registry[lock.path] = [lock, 1]
+    return lock.path
+
+
+def acquire(
+    db_prefix: str, node_name: str, *, owner_process: int | None, timeout_s: float
+) -> Handle:
+    """Takes the lock of ``node_name`` under ``db_prefix`` for this job; call it on every process.
+
+    Process 0 (or ``owner_process``, alone) takes it, in the existing
+    directory ``db_prefix``; every process raises the same
+    :class:`~jaxjob.CheckpointInUseError` if it is held, and an ``OSError``
+    if it could not be written.
+    """
+    if owner_process is not None or jax.process_count() == 1:
+        if owner_process is not None and owner_process != jax.process_index():
+            return Handle(None)
+        return Handle(_take_here(db_prefix, node_name))
+
+    def take() -> dict[str, str]:
+        try:
+            fs.makedirs(db_prefix)
+            return {"path": _take_here(db_prefix, node_name)}
+        except CheckpointInUseError as err:
+            return {"error": str(err)}
+        except OSError as err:
+            return {"oserror": f"{type(err).__name__}: {err}"}
+
+    outcome = hosts.decide(f"the lock of node {node_name!r}", take, timeout_s=timeout_s)
+    if "error" in outcome:
+        raise CheckpointInUseError(outcome["error"])
+    if "oserror" in outcome:
+        raise OSError(
+            f"process 0 could not take the lock of node {node_name!r}: {outcome['oserror']}"
+        )
+    return Handle(outcome["path"] if jax.process_index() == 0 else None)
+
+
+@atexit.register
+def _release_all() -> None:
+    with _registry_lock:
+        entries = list(_registry.values())
+        _registry.clear()
+    for lock, _ in entries:
+        lock.release()

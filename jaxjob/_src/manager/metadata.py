@@ -1,0 +1,125 @@
+"""Checkpoint metadata: the handler protocol and the default on-disk handler."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+from jaxjob._src.base import fs
+from jaxjob._src.base.log import get_logger
+from jaxjob._src.checkpoint.layout import common_epochs
+
+__all__ = ["DiskMetadataHandler", "MetadataHandler"]
+
+logger = get_logger(__name__)
+METADATA_FILE = "jaxjob_metadata.jsonl"
+
+
+@runtime_checkable
+class MetadataHandler(Protocol):
+    """Reads and writes checkpoint metadata in storage of your choice (the seed's five methods)."""
+
+    def set_params(
+        self,
+        db_prefix: str,
+        db_type: str,
+        node_names: Sequence[str],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> None:
+        """Tells the handler where the job's checkpoints live."""
+
+    def last_epoch(self, user_epoch: int | None = None) -> int | None:
+        """The epoch to resume from, or None to start from scratch."""
+
+    def write(self, epoch: int) -> None:
+        """Records that ``epoch`` was committed."""
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Whether checkpoint storage (or the checkpoint of ``epoch``) is accessible."""
+
+    def report(self, action_name: str, stats: dict[str, Any]) -> None:
+        """Receives the stats of one checkpoint action (save, load, partial load)."""
+
+
+class DiskMetadataHandler:
+    """The default handler: auto-resume from the checkpoint directories themselves.
+
+    ``last_epoch()`` is the latest epoch committed for every node of the job.
+    ``write(epoch)`` adds a line to ``<db_prefix>/jaxjob_metadata.jsonl`` on
+    process 0: on local disk an append and one fsync (a line torn by a crash
+    stays on its own line), on object stores, which cannot append, one upload
+    of the whole file. An ``OSError`` there (EIO, ENOSPC, a silent object
+    store) is raised; the manager makes it a failure of that epoch's save,
+    which the runner handles under ``on_save_error``. ``report`` keeps
+    every action's stats in ``history`` and logs them (failures at INFO: the
+    save raises them, or the runner logs each as one warning).
+
+    Example:
+        >>> import jaxjob
+        >>> handler = jaxjob.DiskMetadataHandler()
+        >>> handler.set_params(db_prefix="/nonexistent", db_type="orbax", node_names=["local"])
+        >>> handler.last_epoch() is None, handler.last_epoch(user_epoch=3)
+        (True, 3)
+    """
+
+    def __init__(self) -> None:
+        self.db_prefix: str | None = None
+        self.node_names: list[str] = []
+        self.path_prefix: str | None = None
+        self.history: list[dict[str, Any]] = []
+
+    def set_params(
+        self,
+        db_prefix: str,
+        db_type: str,
+        node_names: Sequence[str],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> None:
+        """Remembers the checkpoint location and the job's node names."""
+        self.db_prefix = db_prefix
+        self.node_names = [str(n) for n in node_names]
+        self.path_prefix = path_prefix
+
+    def epochs(self) -> list[int]:
+        """Epochs committed for every node, ascending."""
+        if self.db_prefix is None:
+            return []
+        return common_epochs(self.db_prefix, self.node_names, self.path_prefix)
+
+    def last_epoch(self, user_epoch: int | None = None) -> int | None:
+        """``user_epoch`` if given, else the latest epoch committed for every node."""
+        if user_epoch is not None:
+            return user_epoch
+        epochs = self.epochs()
+        return epochs[-1] if epochs else None
+
+    def write(self, epoch: int) -> None:
+        """Appends a commit record for ``epoch``, durably."""
+        if self.db_prefix is None or jax.process_index() != 0:
+            return
+        record = {"event": "commit", "epoch": epoch, "time": time.time()}
+        fs.append_text(fs.join(self.db_prefix, METADATA_FILE), json.dumps(record) + "\n")
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """With ``epoch``: it is committed for every node. Without: the prefix is writable."""
+        if epoch is not None:
+            return epoch in self.epochs()
+        return self.db_prefix is not None and fs.writable(self.db_prefix)
+
+    def report(self, action_name: str, stats: dict[str, Any]) -> None:
+        """Keeps the stats and logs them: at DEBUG, failed actions at INFO.
+
+        A failed save's error is raised, or logged by the runner as one warning.
+        """
+        self.history.append({"action": action_name, "time": time.time(), "stats": stats})
+        failed = {k: v for k, v in stats.items() if isinstance(v, dict) and v.get("error")}
+        if failed:
+            logger.info("%s failed: %s", action_name, failed)
+        else:
+            logger.debug("%s: %s", action_name, stats)

@@ -1,0 +1,476 @@
+"""Checkpointing several logical nodes: one checkpoint directory per node and epoch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from jaxjob._src.base.errors import CheckpointSaveError
+from jaxjob._src.base.log import get_logger
+from jaxjob._src.checkpoint import manifest
+from jaxjob._src.checkpoint.hostlocal import HostMap
+from jaxjob._src.checkpoint.layout import check_epoch, db_name
+from jaxjob._src.core.session import Session
+from jaxjob._src.core.workspace import Workspace
+from jaxjob._src.manager import boundary, retention
+from jaxjob._src.manager import keep as keep_lib
+from jaxjob._src.manager.checkpoint_manager import CheckpointManager, SavePlan
+from jaxjob._src.manager.metadata import DiskMetadataHandler, MetadataHandler
+from jaxjob._src.manager.shared import (
+    DEFAULT_WRITE_TIMEOUT_S,
+    CheckpointOptions,
+    ManagerCore,
+    check_owner,
+)
+from jaxjob._src.multihost import hosts
+
+__all__ = ["MultiNodeCheckpointManager"]
+
+logger = get_logger(__name__)
+
+
+class MultiNodeCheckpointManager(ManagerCore):
+    """Coordinates one :class:`CheckpointManager` per node of a job.
+
+    Node ``n``'s checkpoint of epoch ``e`` is ``<db_prefix>/<n>.<e>/`` and holds
+    the leaves that ``n``'s init tasks created. Stats of every node are
+    reported together, so you can see which node's save dominates.
+
+    Args:
+        db_prefix: Directory holding every node's checkpoints.
+        db_type: Storage type; only ``"orbax"``.
+        metadata_handler: Decides the resume epoch (by default the latest
+            epoch committed for every node) and receives the stats.
+        async_save: False makes saves return only once committed.
+        timeout_s: How long any wait on other processes may take (see
+            :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`).
+        write_timeout_s: How long a background write may take (see
+            :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`).
+        host_map: How to resume host-local leaves on another process count
+            (see :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`).
+        storage_timeout_s: How long an object-store operation may take (see
+            :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`).
+        node_processes: The caffe2 style across processes: ``{node: process}``
+            for nodes whose checkpoints one process alone saves (each process
+            runs its own :class:`~jaxjob._src.core.task.Node`). A process saves and
+            resumes only its own nodes (and those not listed, which every
+            process saves together); :meth:`load_blobs_locally` reads every
+            node's checkpoint on the calling process alone. A save failure of
+            any process's node is raised (or logged) on every process.
+        keep: Which committed epochs to keep (see
+            :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`); an epoch is
+            deleted for every node together, by process 0.
+
+    Each node's manager takes that node's lock (see :mod:`jaxjob._src.manager.lock`).
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp, jaxjob
+        >>> ckpt = jaxjob.MultiNodeCheckpointManager(tempfile.mkdtemp())
+        >>> ckpt.init(["a", "b"], key_nodes={"x": "a", "y": "b"})
+        >>> ckpt.save(0, jaxjob.Workspace({"x": jnp.zeros(2), "y": jnp.ones(2)}))
+        >>> ckpt.wait_until_finished()
+        >>> sorted(ckpt.load(0)), ckpt.get_ckpt_db_name("b", 0).endswith("/b.0")
+        (['x', 'y'], True)
+    """
+
+    def __init__(
+        self,
+        db_prefix: str,
+        db_type: str = "orbax",
+        metadata_handler: MetadataHandler | None = None,
+        *,
+        async_save: bool = True,
+        timeout_s: float = hosts.DEFAULT_TIMEOUT_S,
+        write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
+        host_map: HostMap | None = None,
+        storage_timeout_s: float | None = None,
+        node_processes: Mapping[str, int] | None = None,
+        keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
+    ) -> None:
+        options = CheckpointOptions(
+            async_save=async_save,
+            timeout_s=timeout_s,
+            write_timeout_s=write_timeout_s,
+            host_map=host_map,
+            storage_timeout_s=storage_timeout_s,
+        )
+        super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep)
+        self._retention: retention.Retention | None = None
+        self._node_processes = {str(k): check_owner(v) for k, v in (node_processes or {}).items()}
+        self._node_managers: list[tuple[str, CheckpointManager]] | None = None
+        self._key_nodes: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"MultiNodeCheckpointManager({self._db_prefix!r})"
+
+    @property
+    def node_managers(self) -> list[tuple[str, CheckpointManager]]:
+        """``(node_name, CheckpointManager)`` pairs, in the job's node order.
+
+        Raises:
+            RuntimeError: Before :meth:`init`.
+        """
+        if self._node_managers is None:
+            raise RuntimeError("MultiNodeCheckpointManager: call init(nodes) first")
+        return list(self._node_managers)
+
+    def node_names(self) -> list[str]:
+        """The job's node names, in order."""
+        return [n for n, _ in self.node_managers]
+
+    def has_pending(self) -> bool:
+        """Whether a save of some node of this process is in flight."""
+        return any(m.has_pending() for _, m in self._node_managers or [])
+
+    def _make_managers(self, nodes: Sequence[Any]) -> None:
+        names = [str(n) for n in nodes]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"nodes {names} name {twice} more than once: two managers would write the "
+                "same checkpoint directories; give each node once"
+            )
+        if self._node_managers is not None:
+            current = [n for n, _ in self._node_managers]
+            if current != names:
+                raise ValueError(
+                    f"this MultiNodeCheckpointManager was initialised with nodes {current}, "
+                    f"got nodes {names}; use a new manager for another job"
+                )
+            return
+        self._node_managers = [
+            (
+                name,
+                CheckpointManager(
+                    self._db_prefix,
+                    name,
+                    self._db_type,
+                    DiskMetadataHandler(),
+                    **dataclasses.asdict(self.options),
+                    owner_process=self._node_processes.get(name),
+                ),
+            )
+            for name in names
+        ]
+        if self._keep:
+            self._retention = retention.Retention(self._db_prefix, names, self._keep)
+
+    def _retain(self, writing: int | None) -> None:
+        """Applies ``keep`` to every node together, on process 0; never raises."""
+        if self._retention is not None and jax.process_index() == 0:
+            self._retention.apply(writing=writing)
+
+    def init(
+        self,
+        nodes: Sequence[Any],
+        retrieve_from_epoch: int | None = None,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+        *,
+        key_nodes: Mapping[str, str] | None = None,
+    ) -> None:
+        """Creates one manager per node; again with the same nodes is a no-op.
+
+        Args:
+            nodes: The job's nodes, in order.
+            retrieve_from_epoch: Read each node's leaf names from this epoch.
+            path_prefix: Read checkpoints from ``path_prefix + "<node>.<epoch>"``.
+            path_type: Storage type of that path; only ``"orbax"``.
+            key_nodes: Which node owns each persistent name (the session's
+                ``key_nodes`` after the init group ran).
+
+        Raises:
+            ValueError: If called again with different nodes.
+        """
+        first = self._node_managers is None
+        self._make_managers(nodes)
+        if key_nodes:
+            self._key_nodes.update(key_nodes)
+        if first or retrieve_from_epoch is not None:
+            for name, manager in self.node_managers:
+                manager.init([name], retrieve_from_epoch, path_prefix, path_type)
+                if retrieve_from_epoch is not None:
+                    self._key_nodes.update(dict.fromkeys(manager.blob_list(), name))
+
+    def blob_list(self) -> list[str]:
+        """Names of the leaves saved for every node."""
+        return [n for _, m in self.node_managers for n in m.blob_list()]
+
+    def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
+        """Checkpoint directory of ``node_name`` at ``epoch``.
+
+        Raises:
+            KeyError: If ``node_name`` is not one of this manager's nodes.
+        """
+        names = [n for n, _ in self.node_managers]
+        if str(node_name) not in names:
+            raise KeyError(f"node {node_name!r} is not one of this manager's nodes {names}")
+        return db_name(epoch, str(node_name), self._db_prefix)
+
+    def check_db_exists(self, epoch: int) -> bool:
+        """Whether every node's checkpoint of ``epoch`` is committed."""
+        return all(m.check_db_exists(epoch) for _, m in self.node_managers)
+
+    def load(
+        self,
+        epoch: int,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+        *,
+        targets: Mapping[str, Any] | None = None,
+    ) -> Workspace:
+        """Loads and merges every node's checkpoint of ``epoch`` (private nodes: its own)."""
+        merged: dict[str, Any] = {}
+        self._agreed_stats = None
+        for name, manager in self._own_managers():
+            ws = manager.load(epoch, path_prefix, path_type, targets=targets)
+            self._key_nodes.update(dict.fromkeys(ws, name))
+            merged.update(ws)
+        return Workspace(merged)
+
+    def saved_shapes(self, epoch: int) -> dict[str, Any]:
+        """Shapes and dtypes of the leaves saved at ``epoch`` of the nodes :meth:`load` reads."""
+        merged: dict[str, Any] = {}
+        for _, manager in self._own_managers():
+            merged.update(manager.saved_shapes(epoch))
+        return merged
+
+    def load_outputs(self, epoch: int) -> Workspace:
+        """Loads the stop-condition outputs saved with ``epoch`` by the nodes ``load`` reads."""
+        merged: dict[str, Any] = {}
+        for _, manager in self._own_managers():
+            merged.update(manager.load_outputs(epoch))
+        return Workspace(merged)
+
+    def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
+        """Loads ``blob_names`` from every node's checkpoint of ``epoch`` that holds them."""
+        names = list(blob_names)
+        merged: dict[str, Any] = {}
+        self._agreed_stats = None
+        for _, manager in self.node_managers:
+            merged.update(manager.load_blobs_from_checkpoint(names, epoch))
+        return Workspace(merged)
+
+    def load_blobs_locally(
+        self, nodes: Sequence[Any], blob_names: Iterable[str], epoch: int, session: Session
+    ) -> bool:
+        """Loads ``blob_names`` from every node's checkpoint into ``session.workspace``.
+
+        A name a node's checkpoint lacks is skipped there.
+
+        Returns:
+            False, loading nothing, if some node's checkpoint of ``epoch`` is missing.
+
+        Raises:
+            KeyError: If no node's checkpoint holds a requested name.
+        """
+        self._make_managers(nodes)
+        self._agreed_stats = None  # a load: its stats are exchanged when reported
+        if not self.check_db_exists(epoch):
+            missing = [n for n, m in self.node_managers if not m.check_db_exists(epoch)]
+            logger.info("Checkpoints of nodes %s at epoch %d do not exist", missing, epoch)
+            return False
+        names = list(blob_names)
+        loaded = self.load_blobs_from_checkpoint(names, epoch)
+        absent = [n for n in names if n not in loaded]
+        if absent:
+            raise KeyError(f"no node's checkpoint of epoch {epoch} holds {absent}")
+        session.workspace = session.workspace.set(loaded)
+        logger.info("Loaded %s from the checkpoints of epoch %d", names, epoch)
+        return True
+
+    def _own_managers(self) -> list[tuple[str, CheckpointManager]]:
+        """The nodes this process saves and resumes: its own and those every process shares."""
+        me = jax.process_index()
+        return [(n, m) for n, m in self.node_managers if m.owner_process in (None, me)]
+
+    def _share_failure(self, what: str, failure: CheckpointSaveError | None):
+        """With private nodes, every process learns each process's save failure."""
+        if not self._node_processes or jax.process_count() == 1:
+            return failure
+        post = {
+            "error": str(failure) if failure else None,
+            "epoch": failure.epoch if failure else None,
+        }
+        posts = hosts.exchange(what, post, timeout_s=self.timeout_s)
+        failed, text = boundary.failures(posts, "error")
+        if not failed or failed == [jax.process_index()]:
+            return failure
+        at = posts[failed[0]]
+        return CheckpointSaveError(at["epoch"], self._db_prefix, text, failed)
+
+    def _owner(self, name: str) -> str:
+        nodes = [n for n, _ in self.node_managers]
+        owner = self._key_nodes.get(name, nodes[0])
+        return owner if owner in nodes else nodes[0]
+
+    def save(
+        self, epoch: int, workspace: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None
+    ) -> None:
+        """Starts saving each node's leaves of ``workspace`` into its own checkpoint.
+
+        The processes agree on every node's save in one exchange (see
+        :meth:`CheckpointManager.save <jaxjob.CheckpointManager.save>`); if
+        one node's cannot start on some process, no node's starts.
+
+        Raises:
+            CheckpointSaveError: If this epoch's save cannot start (also for
+                an unwritable prefix, or :meth:`cp_accessible` False, here), or (after
+                this epoch's saves have started) the first failure of a
+                previous async save.
+        """
+        check_epoch(epoch)
+        for name in [*workspace, *(outputs or {})]:  # before any node's save is prepared
+            manifest.check_name(name)
+        due, self._metadata_due = self._metadata_due, None
+        plans = self._prepare(epoch, workspace, outputs, self._take_access())
+        posts = hosts.exchange(
+            f"the save of epoch {epoch} of nodes {self.node_names()}",
+            {name: plan.post for name, plan in plans.items()},
+            timeout_s=max([self.timeout_s, *(plan.timeout_s for plan in plans.values())]),
+        )
+        current, elsewhere = self._agree(plans, posts)
+        self._agreed_stats = None if current else _stats_posts(posts)
+        previous, current = self._start(plans, current)
+        if current is not None:
+            raise current
+        previous = previous or elsewhere
+        self._metadata_due = due
+        self._flush_metadata(committed=previous is None)
+        self._retain(writing=epoch)
+        if previous is not None:
+            raise previous
+
+    def _prepare(self, epoch, workspace, outputs, accessible) -> dict[str, SavePlan]:
+        """Each of this process's nodes' part of the save, before the processes agree."""
+        own = self._own_managers()
+        plans = {}
+        for name, manager in own:
+            part = {k: v for k, v in workspace.items() if self._owner(k) == name}
+            plans[name] = manager.prepare_save(
+                epoch,
+                part,
+                outputs=outputs if name == own[0][0] else None,
+                accessible=accessible,
+            )
+        return plans
+
+    def _agree(self, plans, posts):
+        """Concludes every node's save from the posts, in node order.
+
+        Returns:
+            The first node's problem on any process, and the first failure of
+            a previous save of another process's private node (or None).
+        """
+        problems, elsewhere = [], []
+        for name, manager in self.node_managers:
+            if name in plans:
+                node_posts = [post[name] for post in posts if name in post]
+                problem = manager.agree_save(plans[name], node_posts)
+                if isinstance(problem, OSError):  # this process's: its prefix is not writable
+                    problem = _save_error(plans[name], problem)
+                problems.append(problem)
+            elif name in self._node_processes:  # another process's own node
+                owner = self._node_processes[name]
+                previous, problem = _outcome_elsewhere(posts[owner][name], owner)
+                problems.append(problem)
+                elsewhere.append(previous)
+        first = next((p for p in problems if p is not None), None)
+        return first, next((p for p in elsewhere if p is not None), None)
+
+    def _start(self, plans, current):
+        """Starts each node's save, or none if ``current`` (some node's problem) says so.
+
+        Returns:
+            The first previous save's failure, and this save's failure.
+        """
+        previous = None
+        for name, manager in self._own_managers():
+            try:
+                manager.start_save(plans[name], cancel=current is not None)
+            except CheckpointSaveError as err:
+                if err.epoch != plans[name].epoch:
+                    previous = previous or err
+                else:
+                    current = current or err
+            except Exception as err:  # this process's own problem, raised as it is
+                current = current or err
+        return previous, current
+
+    def wait_until_finished(self) -> None:
+        """Blocks until every node's save in flight is committed; call it on every process.
+
+        Raises:
+            CheckpointSaveError: The first node's failure, if any.
+        """
+        if self._node_managers is None:
+            return
+        failures = []
+        for _, manager in self._own_managers():
+            try:
+                manager.wait_until_finished()
+            except CheckpointSaveError as err:
+                failures.append(err)
+        shared = self._share_failure("the end of the node saves", failures[0] if failures else None)
+        failures = [shared] if shared and not failures else failures
+        self._flush_metadata(committed=not failures)
+        self._retain(writing=None)
+        if failures:
+            raise failures[0]
+
+    def finish_local(self) -> list[CheckpointSaveError]:
+        """Completes this process's node saves in flight, without waiting on other processes.
+
+        Returns:
+            Their failures (recorded, not raised).
+        """
+        return [f for _, m in self._node_managers or [] for f in m.finish_local()]
+
+    def _close_orbax(self) -> None:
+        # wait_until_finished already waited for every node: release without waiting again
+        for _, manager in self._node_managers or []:
+            manager._close_orbax()
+
+    @property
+    def failures(self) -> list[CheckpointSaveError]:
+        """Every save failure of every node, in order."""
+        return [f for _, m in self._node_managers or [] for f in m.failures]
+
+    def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
+        """Adds each node's last action stats to ``stats``."""
+        for _, manager in self.node_managers:
+            manager.collect_checkpoint_stats(stats)
+
+
+def _stats_posts(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each process's stats of its nodes' saves, from its post of the save's agreement."""
+    return [
+        {
+            "process": p,
+            "stats": {db: s for node in post.values() for db, s in node["stats"].items()},
+        }
+        for p, post in enumerate(posts)
+    ]
+
+
+def _save_error(plan: SavePlan, err: OSError) -> CheckpointSaveError:
+    failure = CheckpointSaveError(plan.epoch, plan.path, err)
+    failure.__cause__ = err
+    return failure
+
+
+def _outcome_elsewhere(post: dict[str, Any], owner: int):
+    """The previous save's failure and this save's problem of process ``owner``'s own node."""
+    previous = problem = None
+    if post["previous"]:
+        epoch, db = post["previous_at"]
+        previous = CheckpointSaveError(epoch, db, f"process {owner}: {post['previous']}", [owner])
+    if post["problem"]:
+        ((db, stats),) = post["stats"].items()
+        problem = CheckpointSaveError(
+            stats["epoch"], db, f"process {owner}: {post['problem']}", [owner]
+        )
+    return previous, problem

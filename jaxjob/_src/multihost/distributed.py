@@ -1,0 +1,136 @@
+"""Joining a ``jax.distributed`` job: under ``jaxjob launch``, a cluster launcher, or alone.
+
+Public as :mod:`jaxjob.distributed`, whose docstring says more.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+
+import jax
+
+from jaxjob._src.base.log import get_logger
+from jaxjob._src.multihost.launch import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+
+__all__ = ["initialize"]
+
+logger = get_logger(__name__)
+
+ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
+ENV_RECOVERABILITY = "JAX_ENABLE_RECOVERABILITY"  # set: jaxjob leaves JAX's choice alone
+EXIT_WAIT_S = 30.0  # how long process 0 keeps the service up for the others to leave
+EXIT_GRACE_S = 1.0  # after the last one said it leaves: time for its disconnect to arrive
+_EXIT_KEY = "jaxjob/exit"
+_CLUSTER_ENV = (
+    "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_SIZE",
+    "TPU_WORKER_HOSTNAMES",
+    "JAX_COORDINATOR_ADDRESS",
+)
+
+
+def _survive_dead_peers() -> None:
+    """Turns on ``jax_enable_recoverability`` unless the environment chose (see the module)."""
+    if ENV_RECOVERABILITY not in os.environ:
+        jax.config.update("jax_enable_recoverability", True)
+
+
+def initialize(*, heartbeat_timeout_s: int | None = None) -> None:
+    """Joins the ``jax.distributed`` job this process belongs to; a no-op alone.
+
+    Under ``jaxjob launch`` it reads ``JAXJOB_COORDINATOR``,
+    ``JAXJOB_NUM_PROCESSES`` and ``JAXJOB_PROCESS_ID``. With
+    ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``
+    set (any launcher, e.g. Kubernetes) it passes them to
+    ``jax.distributed.initialize``. Under a cluster's own launcher (SLURM,
+    Open MPI, TPU pods, or ``JAX_COORDINATOR_ADDRESS`` alone) it lets JAX
+    auto-detect. A plain single process does nothing. Call it before any
+    other JAX call, on every process.
+
+    A process that dies makes the others' next cross-host wait raise
+    :class:`~jaxjob.hosts.HostTimeoutError` naming it, not abort them (see
+    the module).
+
+    Args:
+        heartbeat_timeout_s: How long the coordination service hears nothing
+            from a process before it counts it dead; None: JAX's default (100 s).
+
+    Raises:
+        ValueError: If ``heartbeat_timeout_s`` is not an int >= 1.
+
+    Example:
+        >>> import jaxjob
+        >>> jaxjob.distributed.initialize()  # a plain process: nothing to join
+        >>> jax.process_count()
+        1
+    """
+    if heartbeat_timeout_s is not None and (
+        isinstance(heartbeat_timeout_s, bool)
+        or not isinstance(heartbeat_timeout_s, int)
+        or heartbeat_timeout_s < 1
+    ):
+        raise ValueError(
+            "heartbeat_timeout_s must be an int >= 1 (seconds) or None, got "
+            f"{heartbeat_timeout_s!r}"
+        )
+    options = (
+        {} if heartbeat_timeout_s is None else {"heartbeat_timeout_seconds": heartbeat_timeout_s}
+    )
+    if ENV_COORDINATOR in os.environ:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        _survive_dead_peers()
+        jax.distributed.initialize(
+            coordinator_address=os.environ[ENV_COORDINATOR],
+            num_processes=int(os.environ[ENV_NUM_PROCESSES]),
+            process_id=int(os.environ[ENV_PROCESS_ID]),
+            **options,
+        )
+    elif ENV_JAX_NUM_PROCESSES in os.environ and ENV_JAX_PROCESS_ID in os.environ:
+        _survive_dead_peers()
+        jax.distributed.initialize(
+            coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
+            num_processes=int(os.environ[ENV_JAX_NUM_PROCESSES]),
+            process_id=int(os.environ[ENV_JAX_PROCESS_ID]),
+            **options,
+        )
+    elif any(name in os.environ for name in _CLUSTER_ENV):
+        _survive_dead_peers()
+        jax.distributed.initialize(**options)
+    else:
+        return
+    if jax.config.jax_enable_recoverability and jax.process_count() > 1:
+        atexit.register(_orderly_exit)  # after JAX's shutdown handler, so it runs before it
+    logger.info("joined a jax.distributed job of %d processes", jax.process_count())
+
+
+def _orderly_exit() -> None:
+    """At exit: every other process says it is leaving and disconnects; process 0 waits for them.
+
+    Process 0 hosts the coordination service, so it leaves last: it waits (at most
+    :data:`EXIT_WAIT_S` in all) for each other process's key, then :data:`EXIT_GRACE_S` more
+    for the disconnect that follows the key at once.
+    """
+    from jaxjob._src.internals import jax_private
+
+    client = jax_private.distributed_client()
+    me = jax.process_index()
+    if me != 0:
+        client.key_value_set(f"{_EXIT_KEY}/{me}", "leaving")
+        jax.distributed.shutdown()
+        return
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for process in range(1, jax.process_count()):
+        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        try:
+            client.blocking_key_value_get(f"{_EXIT_KEY}/{process}", left_ms)
+        except jax.errors.JaxRuntimeError:
+            logger.warning(
+                "process %d had not finished %.0f s after process 0 did; exiting anyway",
+                process,
+                EXIT_WAIT_S,
+            )
+            return
+    time.sleep(EXIT_GRACE_S)

@@ -1,0 +1,215 @@
+"""jaxjob/_src is layered: each module imports only the layers below its own."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import jaxjob
+
+SRC = os.path.join(os.path.dirname(jaxjob.__file__), "_src")
+MODULES = 52  # .py files under jaxjob/_src, the layers' __init__.py included
+
+# layer -> the layers its modules may import ("internals.jax_private": that module only)
+ALLOWED = {
+    "internals.jax_private": set(),
+    "internals.orbax_private": {"base"},
+    "base": {"internals.jax_private"},  # log.py: the process index of each line
+    "core": {"base"},
+    "multihost": {"base", "internals.jax_private"},
+    # restore() returns a Workspace, the one name of core it needs
+    "checkpoint": {"base", "internals", "core.workspace"},
+    "manager": {"base", "core", "multihost", "internals", "checkpoint"},
+    "run": {"base", "core", "multihost", "internals", "checkpoint", "manager"},
+    "cli": None,  # anything
+    "testing": None,
+}
+# The modules that may import internals.orbax_private, below cli and testing (which may):
+# the ones opening Orbax checkpoints or reading Orbax's own files.
+ORBAX_PRIVATE_USERS = {
+    "checkpoint.checksum",  # verify_checkpoint's reader
+    "checkpoint.listing",  # Orbax's commit times
+    "checkpoint.restore",
+    "checkpoint.storage",
+    "checkpoint.verify",
+    "manager.checkpoint_manager",
+}
+NO_ORBAX_LAYERS = ("base", "core", "multihost", "internals.jax_private")
+HEAVY = ("orbax", "tensorstore")
+
+
+def _sources():
+    """Module name under _src (``base.log``, ``core``) -> its parsed source."""
+    found = {}
+    for root, dirs, files in os.walk(SRC):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            rel = os.path.relpath(os.path.join(root, name), SRC)[: -len(".py")]
+            module = rel.replace(os.sep, ".").removesuffix("__init__").rstrip(".")
+            with open(os.path.join(root, name)) as f:
+                found[module or "_src"] = ast.parse(f.read())
+    return found
+
+
+def _imports(tree):
+    """(line, imported module, names) of every import in ``tree``, in functions too."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            yield node.lineno, module, [a.name for a in node.names]
+
+
+def _targets(module, names):
+    """The _src modules (``checkpoint.codec``) an import of ``module`` names reaches."""
+    inner = module.removeprefix("jaxjob._src").lstrip(".")
+    if not module.startswith("jaxjob._src"):
+        return []
+    if not inner:  # from jaxjob._src import base
+        return list(names)
+    packages = {m for m in SOURCES if "." not in m}
+    if inner in packages:  # from jaxjob._src.checkpoint import codec, keypaths
+        return [f"{inner}.{n}" for n in names]
+    return [inner]
+
+
+def _layer_of(module):
+    return module.split(".")[0]
+
+
+def _allowed(module, target):
+    """Whether ``module`` may import ``target``: its own layer, or a layer or module it lists."""
+    own = module in ALLOWED  # a rule of its own (internals): its layer's modules are not free
+    allowed = ALLOWED[module if own else _layer_of(module)]
+    if allowed is None or (not own and _layer_of(target) == _layer_of(module)):
+        return True
+    return any(target == a or ("." not in a and _layer_of(target) == a) for a in allowed)
+
+
+def _is_public(imported):
+    """Whether ``imported`` is the package ``jaxjob`` or a public module of it."""
+    return imported == "jaxjob" or (
+        imported.startswith("jaxjob.") and not imported.startswith("jaxjob._src")
+    )
+
+
+def _violations(sources):
+    found = []
+    for module, tree in sorted(sources.items()):
+        if module == "_src":
+            continue
+        for line, imported, names in _imports(tree):
+            where = f"jaxjob/_src/{module.replace('.', '/')}.py:{line}: {imported}"
+            if imported.startswith("."):
+                found.append(f"{where}: relative import (write the jaxjob._src path)")
+            elif _is_public(imported) and ALLOWED[_layer_of(module)] is not None:
+                found.append(f"{where}: the public package is above every layer")
+            for target in _targets(imported, names):
+                if target not in sources:
+                    found.append(f"{where}: no module {target} under _src")
+                elif not _allowed(module, target):
+                    rule = ALLOWED.get(module, ALLOWED[_layer_of(module)])
+                    found.append(f"{where}: {module} may import only {sorted(rule)}, not {target}")
+            if imported.startswith("jaxjob"):
+                private = [n for n in names if n.startswith("_")]
+                found += [f"{where}: imports private name {n} from another module" for n in private]
+    return found
+
+
+SOURCES = _sources()
+
+
+def test_the_walk_sees_every_module():
+    """The checks below read every module under jaxjob/_src: none can hide from them."""
+    assert len(SOURCES) == MODULES, sorted(SOURCES)
+    assert {_layer_of(k) for k in ALLOWED} == {_layer_of(m) for m in SOURCES if m != "_src"}
+
+
+def test_each_module_imports_only_the_layers_below_its_own():
+    """An import upwards, a private name imported across modules, a relative import: none."""
+    found = _violations(SOURCES)
+    assert not found, "\n".join(found)
+
+
+def test_only_the_modules_doing_orbax_io_import_orbax_private():
+    """internals.orbax_private is imported by the Orbax I/O modules only (cli and testing aside)."""
+    users = set()
+    for module, tree in SOURCES.items():
+        for _, imported, names in _imports(tree):
+            if "internals.orbax_private" in _targets(imported, names):
+                users.add(module)
+    assert {m for m in users if ALLOWED[_layer_of(m)] is not None} == ORBAX_PRIVATE_USERS
+
+
+@pytest.mark.parametrize("layer", NO_ORBAX_LAYERS)
+def test_lower_layers_never_import_orbax_or_tensorstore(layer):
+    """The logger, the job model and the cross-host waits work without Orbax installed."""
+    found = [
+        f"{module}:{line}: {imported}"
+        for module, tree in SOURCES.items()
+        if module == layer or module.startswith(layer + ".")
+        for line, imported, _ in _imports(tree)
+        if imported.split(".")[0] in HEAVY
+    ]
+    assert found == []
+
+
+def test_launch_imports_the_standard_library_only():
+    """``jaxjob launch`` starts without JAX: multihost.launch imports nothing else."""
+    found = [
+        f"{line}: {imported}"
+        for line, imported, _ in _imports(SOURCES["multihost.launch"])
+        if imported.split(".")[0] not in sys.stdlib_module_names
+    ]
+    assert found == []
+
+
+def test_a_broken_rule_is_reported():
+    """The checker itself: an upward import and a private name are each named."""
+    tree = ast.parse(
+        "from jaxjob._src.checkpoint import codec\nfrom jaxjob._src.core.task import _x\n"
+    )
+    found = [f for f in _violations({**SOURCES, "core.bad": tree}) if "/core/bad.py:" in f]
+    assert found == [
+        "jaxjob/_src/core/bad.py:1: jaxjob._src.checkpoint: core.bad may import only ['base'], "
+        "not checkpoint.codec",
+        "jaxjob/_src/core/bad.py:2: jaxjob._src.core.task: imports private name _x from another "
+        "module",
+    ]
+
+
+LOADED = "import json, sys; print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))"
+
+
+@pytest.mark.parametrize(
+    "code, absent",
+    [
+        ("import jaxjob; jaxjob.Job", HEAVY),
+        (
+            "import jaxjob.cli\ntry:\n    jaxjob.cli.main(['launch', '--help'])\n"
+            "except SystemExit:\n    pass",
+            (*HEAVY, "jax"),
+        ),
+    ],
+    ids=["jaxjob.Job", "jaxjob launch --help"],
+)
+def test_the_job_model_and_launch_import_no_orbax(code, absent):
+    """Importing jaxjob's job model, and ``jaxjob launch --help``, leave Orbax unimported."""
+    root = os.path.dirname(os.path.dirname(SRC))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-c", f"{code}\n{LOADED}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = set(json.loads(proc.stdout.splitlines()[-1]))
+    assert loaded.isdisjoint(absent), sorted(loaded & set(absent))
