@@ -36,6 +36,7 @@ Example:
     AssertionError: the workspaces differ at ['w'] (shard 0): ...
 """
 
+from jaxjob._src.testing.testing import POINTS as POINTS
 from jaxjob._src.testing.testing import Kill as Kill
 from jaxjob._src.testing.testing import assert_bitwise_equal as assert_bitwise_equal
 from jaxjob._src.testing.testing import assert_checkpoints_equal as assert_checkpoints_equal
@@ -46,6 +47,7 @@ from jaxjob._src.testing.testing import run_killed as run_killed
 
 __all__ = [
     "Kill",
+    "POINTS",
     "assert_bitwise_equal",
     "assert_checkpoints_equal",
     "dump_workspace",

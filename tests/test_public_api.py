@@ -54,6 +54,7 @@ REEXPORTS = {
         "jaxjob._src.testing.testing",
         [
             "Kill",
+            "POINTS",
             "assert_bitwise_equal",
             "assert_checkpoints_equal",
             "dump_workspace",

@@ -20,11 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxjob._src.base import faults, fs
+from jaxjob._src.base.faults import POINTS  # kill_at= names one: jaxjob.testing.POINTS
 from jaxjob._src.checkpoint import layout, manifest
 from jaxjob._src.checkpoint.restore import restore
 from jaxjob._src.manager import lock
 
 __all__ = [
+    "POINTS",
     "Kill",
     "assert_bitwise_equal",
     "assert_checkpoints_equal",
