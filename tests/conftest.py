@@ -17,6 +17,7 @@ run happens once; every other test goes to whichever worker is free.
 """
 
 import atexit
+import logging
 import os
 import shutil
 import signal
@@ -142,3 +143,37 @@ def _no_signal_leak(request):
             f"{request.node.nodeid} left a signal handler or mask behind "
             f"(handlers and mask before: {before}, after: {after})"
         )
+
+
+def _logging_state() -> tuple:
+    """logging.disable's level and each jaxjob logger's disabled and propagate flags."""
+    loggers = logging.root.manager.loggerDict.items()
+    flags = {
+        name: (lg.disabled, lg.propagate)
+        for name, lg in loggers
+        if name.startswith("jaxjob") and isinstance(lg, logging.Logger)
+    }
+    return logging.root.manager.disable, flags
+
+
+@pytest.fixture(autouse=True)
+def _no_logging_leak(request):
+    """A test (or a library it runs in this process) that mutes jaxjob's loggers fails, by name.
+
+    Later tests on the same worker read jaxjob's warnings with ``caplog``; a logger left
+    disabled (``logging.config`` disables the loggers that exist when it runs) would hide them.
+    """
+    level, before = _logging_state()
+    yield
+    level_after, after = _logging_state()
+    changed = {n: f for n, f in after.items() if n in before and before[n] != f}
+    if level_after == level and not changed:
+        return
+    logging.disable(level)
+    for name, (disabled, propagate) in before.items():
+        logger = logging.getLogger(name)
+        logger.disabled, logger.propagate = disabled, propagate
+    pytest.fail(
+        f"{request.node.nodeid} muted jaxjob's logging: logging.disable {level} -> {level_after}, "
+        f"loggers changed (disabled, propagate): {changed}"
+    )
