@@ -12,6 +12,7 @@ import sys
 
 import jax.numpy as jnp
 import numpy as np
+import package_files
 import pytest
 from test_checksum import flip_file, largest_data_file
 
@@ -50,25 +51,12 @@ def _edit_manifest(path, edit):
         json.dump(doc, f)
 
 
-SOURCES = 59  # the .py files under jaxjob/, recursively
-
-
-def _sources():
-    """Every .py file under jaxjob/, as a path relative to it (``_src/base/fs.py``)."""
-    found = []
-    for root, dirs, files in os.walk(JAXJOB):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        paths = [os.path.join(root, f) for f in files if f.endswith(".py")]
-        found += [os.path.relpath(p, JAXJOB) for p in paths]
-    return sorted(found)
-
-
 def test_no_module_of_jaxjob_unpickles_evaluates_or_imports_by_name():
     """jaxjob's source uses no pickle or marshal and calls no eval, exec or import_module."""
     banned_modules = {"pickle", "marshal", "shelve", "dill", "cloudpickle"}
     banned_calls = {"eval", "exec", "__import__", "import_module", "getattribute"}
-    found, names = [], _sources()
-    assert len(names) == SOURCES, names  # a module moved out of sight fails here
+    found, names = [], package_files.py_files(JAXJOB)
+    assert len(names) == package_files.PY_FILES, names  # a module moved out of sight fails here
     for name in names:
         with open(os.path.join(JAXJOB, name)) as f:
             tree = ast.parse(f.read())

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import package_files
 import pytest
 
 import jaxjob
@@ -44,13 +45,10 @@ HEAVY = ("orbax", "tensorstore")
 def _sources():
     """Module name under _src (``base.log``, ``core``) -> its parsed source."""
     found = {}
-    for root, dirs, files in os.walk(SRC):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(f for f in files if f.endswith(".py")):
-            rel = os.path.relpath(os.path.join(root, name), SRC)[: -len(".py")]
-            module = rel.replace(os.sep, ".").removesuffix("__init__").rstrip(".")
-            with open(os.path.join(root, name)) as f:
-                found[module or "_src"] = ast.parse(f.read())
+    for rel in package_files.py_files(SRC):
+        module = rel[: -len(".py")].replace(os.sep, ".").removesuffix("__init__").rstrip(".")
+        with open(os.path.join(SRC, rel)) as f:
+            found[module or "_src"] = ast.parse(f.read())
     return found
 
 
