@@ -63,7 +63,7 @@ def test_stop_condition_on_an_output_is_saved_with_the_checkpoint(tmp_path):
 def _inject_background_failure(monkeypatch, fail_on_wait, message):
     """Fault injection: jaxjob's n-th wait on a background write reports a failure.
 
-    Only waits made by jaxjob._src.manager.checkpoint_manager count (Orbax also waits inside
+    Only waits made by jaxjob._src.manager.writer count (Orbax also waits inside
     save()).
     """
     real = ocp.AsyncCheckpointer.wait_until_finished
@@ -71,7 +71,7 @@ def _inject_background_failure(monkeypatch, fail_on_wait, message):
 
     def wait(self):
         real(self)
-        if sys._getframe(1).f_globals.get("__name__") == "jaxjob._src.manager.checkpoint_manager":
+        if sys._getframe(1).f_globals.get("__name__") == "jaxjob._src.manager.writer":
             calls.append(1)
             if len(calls) == fail_on_wait:
                 raise OSError(message)
@@ -107,7 +107,7 @@ def test_async_failure_raises_under_raise_policy(tmp_path, monkeypatch):
         CheckpointSaveError, match="saving checkpoint epoch 0 .* injected: disk full"
     ):
         runner.train(jaxjob.Session())
-    assert ckpt._pending is None  # the save in flight was completed before train returned
+    assert not ckpt.has_pending()  # the save in flight was completed before train returned
     assert 1 in ckpt.committed_epochs()  # epoch 1 was in flight when train raised
 
 

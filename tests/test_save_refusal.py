@@ -164,7 +164,7 @@ def test_background_failure_logs_one_line(small_disk, caplog):
     assert "No space left on device" in message
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
     assert any(
-        r.name == "jaxjob._src.manager.checkpoint_manager" and "Orbax" in r.getMessage()
+        r.name == "jaxjob._src.manager.writer" and "Orbax" in r.getMessage()
         for r in debug
     )
     assert ckpt.committed_epochs() == [0]

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 
+from jaxjob._src.manager.records import ProcessStats, SavePost, Stats
 from jaxjob._src.multihost import hosts
 
-__all__ = ["failures", "gather_stats", "merge_stats", "mismatch"]
+__all__ = ["gather_stats", "merge_stats", "mismatch"]
 
 
-def failures(posts: list[dict[str, Any]], key: str) -> tuple[list[int], str]:
-    """The processes whose post has a message under ``key``, and those messages joined.
-
-    Example:
-        >>> failures([{"error": None}, {"error": "OSError: disk full"}], "error")
-        ([1], 'process 1: OSError: disk full')
-    """
-    processes = [p for p, post in enumerate(posts) if post[key]]
-    return processes, "; ".join(f"process {p}: {posts[p][key]}" for p in processes)
-
-
-def mismatch(posts: list[dict[str, Any]]) -> str | None:
+def mismatch(posts: Sequence[SavePost]) -> str | None:
     """Describes the first leaf that the processes' posts disagree on, or None.
 
     Each post has ``host_local`` (manifest kinds of host-local leaves, which
@@ -32,25 +23,29 @@ def mismatch(posts: list[dict[str, Any]]) -> str | None:
     return _host_local_mismatch(posts) or _replicated_mismatch(posts)
 
 
-def _host_local_mismatch(posts: list[dict[str, Any]]) -> str | None:
+def _host_local_mismatch(posts: Sequence[SavePost]) -> str | None:
     """Describes the first host-local leaf whose kind, shape or dtype differs between processes."""
     for process, post in enumerate(posts[1:], start=1):
-        for name in sorted(set(posts[0]["host_local"]) | set(post["host_local"])):
-            here, there = posts[0]["host_local"].get(name), post["host_local"].get(name)
+        for name in sorted(set(posts[0].host_local) | set(post.host_local)):
+            here, there = posts[0].host_local.get(name), post.host_local.get(name)
             if here != there:
                 return (
-                    f"host-local leaf {name} differs between processes: {here} on process 0, "
-                    f"{there} on process {process}; every process must hold host-local leaves "
-                    "of the same shape and dtype"
+                    f"host-local leaf {name} differs between processes: {_json(here)} on process "
+                    f"0, {_json(there)} on process {process}; every process must hold host-local "
+                    "leaves of the same shape and dtype"
                 )
     return None
 
 
-def _replicated_mismatch(posts: list[dict[str, Any]]) -> str | None:
+def _json(check: Any) -> Any:
+    return None if check is None else check.to_json()
+
+
+def _replicated_mismatch(posts: Sequence[SavePost]) -> str | None:
     """Names the first single-process ``jax.Array`` whose value differs between processes."""
     for process, post in enumerate(posts[1:], start=1):
-        for where, digest in sorted(posts[0]["replicated"].items()):
-            if post["replicated"].get(where) != digest:
+        for where, digest in sorted(posts[0].replicated.items()):
+            if post.replicated.get(where) != digest:
                 return (
                     f"workspace leaf {where} is a jax.Array on one device of each process, and "
                     f"its value on process {process} differs from process 0's; make it a global "
@@ -61,21 +56,21 @@ def _replicated_mismatch(posts: list[dict[str, Any]]) -> str | None:
 
 
 def gather_stats(
-    stats: dict[str, Any], timeout_s: float, *, exchange: bool = True
+    stats: Mapping[str, Stats], timeout_s: float, *, exchange: bool = True
 ) -> dict[str, Any]:
     """Every process's stats of the last action, per checkpoint directory (see :func:`merge_stats`).
 
     With ``exchange=False`` only this process's stats are used.
     """
-    mine = {"stats": stats, "process": jax.process_index()}
-    posts = (
-        hosts.exchange("the checkpoint stats", mine, timeout_s=timeout_s) if exchange else [mine]
-    )
-    return merge_stats(posts, stats)
+    mine = ProcessStats(jax.process_index(), dict(stats))
+    if not exchange:
+        return merge_stats([mine], stats)
+    posts = hosts.exchange("the checkpoint stats", mine.to_json(), timeout_s=timeout_s)
+    return merge_stats([ProcessStats.from_json(p) for p in posts], stats)
 
 
-def merge_stats(posts: list[dict[str, Any]], stats: dict[str, Any]) -> dict[str, Any]:
-    """Merges the processes' stats posts (``{"process": p, "stats": {db: {...}}}``) per directory.
+def merge_stats(posts: Sequence[ProcessStats], stats: Mapping[str, Stats]) -> dict[str, Any]:
+    """Merges the processes' stats per directory into the JSON metadata handlers get.
 
     Each entry gets ``hosts`` (each process's ``duration_s``, ``bytes`` and
     ``error``), ``slowest_process`` (the one that dominated), the longest
@@ -84,23 +79,21 @@ def merge_stats(posts: list[dict[str, Any]], stats: dict[str, Any]) -> dict[str,
     touch has no entry of that process.
 
     Example:
-        >>> posts = [{"process": 0, "stats": {"a.1": {"duration_s": 1.0, "bytes": 4}}},
-        ...          {"process": 1, "stats": {"a.1": {"duration_s": 2.0, "bytes": 4}}}]
+        >>> posts = [ProcessStats(0, {"a.1": Stats(1, bytes=4, duration_s=1.0)}),
+        ...          ProcessStats(1, {"a.1": Stats(1, bytes=4, duration_s=2.0)})]
         >>> merged = merge_stats(posts, {})["a.1"]
         >>> merged["duration_s"], merged["bytes"], merged["slowest_process"], merged["error"]
         (2.0, 8, 1, None)
     """
     merged: dict[str, Any] = {}
-    for db in sorted({db for post in posts for db in post["stats"]}):
-        per = [
-            {"process": post["process"], **post["stats"][db]}
-            for post in posts
-            if db in post["stats"]
-        ]
+    for db in sorted({db for post in posts for db in post.stats}):
+        per = [{"process": p.process, **p.stats[db].to_json()} for p in posts if db in p.stats]
         durations = [h.get("duration_s") or 0.0 for h in per]
         errors = [f"process {h['process']}: {h['error']}" for h in per if h.get("error")]
+        own = stats[db].to_json() if db in stats else {k: v for k, v in per[0].items()}
+        own.pop("process", None)
         merged[db] = {
-            **stats.get(db, {k: v for k, v in per[0].items() if k != "process"}),
+            **own,
             "duration_s": max(durations),
             "bytes": sum(h.get("bytes") or 0 for h in per),
             "error": "; ".join(errors) or None,

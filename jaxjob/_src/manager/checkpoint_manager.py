@@ -1,114 +1,37 @@
-"""The checkpoint manager of one node: async Orbax saves into epoch-indexed directories."""
+"""The checkpoint manager of one node: a facade over one node writer.
+
+Each epoch goes to ``<db_prefix>/<node_name>.<epoch>/`` through Orbax; the
+save protocol is :mod:`jaxjob._src.manager.writer` and
+:mod:`jaxjob._src.manager.save_round`.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import os
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
-import orbax.checkpoint as ocp
 
-from jaxjob._src.base import fs, preemption
-from jaxjob._src.base.errors import CheckpointSaveError
-from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import checksum, codec, manifest, storage
+from jaxjob._src.checkpoint import storage
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import check_epoch, check_node_name, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace
-from jaxjob._src.internals import orbax_private
-from jaxjob._src.manager import boundary, lock, retention
 from jaxjob._src.manager import keep as keep_lib
+from jaxjob._src.manager import retention
+from jaxjob._src.manager.facade import ManagerCore
 from jaxjob._src.manager.metadata import MetadataHandler
+from jaxjob._src.manager.save_round import Round
 from jaxjob._src.manager.shared import (
     DEFAULT_WRITE_TIMEOUT_S,
     CheckpointOptions,
-    ManagerCore,
     check_db_type,
     check_owner,
+    resolve_options,
 )
+from jaxjob._src.manager.writer import NodeWriter
 from jaxjob._src.multihost import hosts
 
 __all__ = ["CheckpointManager"]
-
-logger = get_logger(__name__)
-
-
-class _OrbaxSaveErrors(logging.Filter):
-    """Moves Orbax's tracebacks of a failing jaxjob save from absl's log to jaxjob's DEBUG.
-
-    While a save of this process is in flight, Orbax's background threads log
-    each failure at ERROR with its traceback (several records, hundreds of
-    lines); jaxjob reports the failure itself, in one line, when it surfaces.
-    Other Orbax records, and all of them while no save is in flight, pass.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.saving: set[str] = set()  # the directories of this process's saves in flight
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """False (re-logged at DEBUG) for an Orbax traceback during a save."""
-        if (
-            not self.saving
-            or record.levelno < logging.WARNING
-            or not record.exc_info
-            or f"{os.sep}orbax{os.sep}checkpoint{os.sep}" not in record.pathname
-        ):
-            return True
-        logger.debug("Orbax: %s", record.getMessage(), exc_info=record.exc_info)
-        return False
-
-
-_orbax_errors = _OrbaxSaveErrors()
-logging.getLogger("absl").addFilter(_orbax_errors)
-
-
-@dataclasses.dataclass
-class _Pending:
-    epoch: int
-    db: str
-    started: float
-    superseded: str | None = None
-    deadline: float | None = None  # on object stores: when its background write has failed
-    starting: bool = False  # Orbax's save() has not returned: an interrupt may have stopped it
-
-
-@dataclasses.dataclass
-class SavePlan:
-    """One process's part of one node's save, prepared before the processes agree to start it.
-
-    ``post`` (JSON) is what this process tells the others: how its previous
-    save ended, this save's problem, its host-local leaves' kinds and
-    replicated leaves' digests (which must match everywhere) and this save's
-    stats. ``timeout_s`` is how long to wait for the others' posts.
-    """
-
-    epoch: int
-    path: str
-    pending: _Pending
-    timeout_s: float
-    previous: CheckpointSaveError | None = None
-    problem: Exception | None = None
-    found: manifest.Manifest | None = None
-    encoded: Any = None
-    digests: dict[str, str] = dataclasses.field(default_factory=dict)
-    bytes: int | None = None
-    post: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def _prepare_prefix(db_prefix: str) -> None:
-    """Creates ``db_prefix``, raising the OSError's own type with an actionable message."""
-    try:
-        fs.makedirs(db_prefix)
-    except OSError as err:
-        raise type(err)(
-            f"checkpoint db_prefix {db_prefix!r} is not a writable directory "
-            f"({err.strerror or err}); pass a directory you can write to"
-        ) from err
 
 
 class CheckpointManager(ManagerCore):
@@ -155,6 +78,9 @@ class CheckpointManager(ManagerCore):
             waits on the other processes. Its leaves must live on that
             process's devices. None (the default): every process saves its
             part of every checkpoint together (SPMD).
+        options: All the options above (but ``owner_process`` and
+            ``keep``) as one :class:`~jaxjob.CheckpointOptions`, instead of
+            the keyword arguments.
         keep: Which committed epochs to keep: a policy of :mod:`jaxjob.keep`
             or a list of them (their union); None keeps every epoch. The
             newest committed epoch and the epoch being written are never
@@ -199,8 +125,10 @@ class CheckpointManager(ManagerCore):
         storage_timeout_s: float | None = None,
         owner_process: int | None = None,
         keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
+        options: CheckpointOptions | None = None,
     ) -> None:
-        options = CheckpointOptions(
+        options = resolve_options(
+            options,
             async_save=async_save,
             timeout_s=timeout_s,
             write_timeout_s=write_timeout_s,
@@ -208,44 +136,62 @@ class CheckpointManager(ManagerCore):
             storage_timeout_s=storage_timeout_s,
         )
         super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep)
-        self.owner_process = check_owner(owner_process)
-        self._private = owner_process is not None
-        self._exchange_stats = not self._private
-        self._node_name = check_node_name(node_name)
-        self._saver: ocp.Checkpointer | None = None
-        self._reader: ocp.Checkpointer | None = None
-        self._manifests: dict[str, manifest.Manifest] = {}
-        self._blob_names: list[str] | None = None
-        self._pending: _Pending | None = None
-        self._current_db_name: str | None = None
-        self._current_stats: dict[str, Any] | None = None
-        self.failures: list[CheckpointSaveError] = []
-        self._lock: lock.Handle | None = None
-        self._retention = (
-            retention.Retention(self._db_prefix, [self._node_name], self._keep)
-            if self._keep
-            else None
+        node_name = check_node_name(node_name)
+        self._writer = NodeWriter(
+            self._db_prefix,
+            node_name,
+            options,
+            owner_process=check_owner(owner_process),
+            required_outputs=self.required_outputs,
+            committed=self.committed_epochs,
         )
+        self._exchange_stats = not self._writer.private
+        if self._keep:
+            self._retention = retention.Retention(self._db_prefix, [node_name], self._keep)
+
+    @classmethod
+    def _over(cls, writer: NodeWriter, parent: ManagerCore) -> CheckpointManager:
+        """A facade over ``writer``, a node of the multi-node manager ``parent``."""
+        view = cls.__new__(cls)
+        ManagerCore.__init__(
+            view, writer.db_prefix, parent._db_type, parent.metadata_handler, parent.options
+        )
+        view._writer = writer
+        view._exchange_stats = not writer.private
+        return view
 
     def __repr__(self) -> str:
-        return f"CheckpointManager({self._db_prefix!r}, node_name={self._node_name!r})"
+        return f"CheckpointManager({self._db_prefix!r}, node_name={self._writer.node_name!r})"
+
+    @property
+    def owner_process(self) -> int | None:
+        """The process that alone saves this node, or None (every process)."""
+        return self._writer.owner_process
 
     @property
     def node_managers(self) -> list[tuple[str, CheckpointManager]]:
         """``[(node_name, self)]``: the same shape as a multi-node manager's."""
-        return [(self._node_name, self)]
+        return [(self._writer.node_name, self)]
 
     def node_names(self) -> list[str]:
         """``[node_name]``."""
-        return [self._node_name]
+        return [self._writer.node_name]
 
     def _own_nodes(self) -> list[str]:
         """``[node_name]``: every node's leaves are saved under it."""
-        return [self._node_name]
+        return [self._writer.node_name]
 
-    def has_pending(self) -> bool:
-        """Whether a save of this process is in flight."""
-        return self._pending is not None
+    def _writers(self) -> list[NodeWriter]:
+        return [self._writer]
+
+    def _how(self, epoch: int | None) -> Round:
+        node = self._writer.node_name
+        what = f"the save of epoch {epoch} of node {node!r}"
+        if epoch is None:
+            what = f"the end of the saves of node {node!r}"
+        spmd = not self._writer.private
+        exchange = spmd and (epoch is not None or jax.process_count() > 1)
+        return Round(what, keyed=False, exchange=exchange, timeout_s=self.timeout_s)
 
     def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
         """Checkpoint directory of ``node_name`` at ``epoch``."""
@@ -273,10 +219,10 @@ class CheckpointManager(ManagerCore):
                 f"CheckpointManager handles one node, got nodes={list(nodes)}; "
                 "use MultiNodeCheckpointManager for several"
             )
-        self._take_lock()  # an unwritable db_prefix is reported by the first save, which retries
+        self._writer.take_lock()  # an unwritable db_prefix is reported by the first save
         if retrieve_from_epoch is not None:
             _, found = self._checkpoint(retrieve_from_epoch, path_prefix, path_type)
-            self._blob_names = found.state_keys
+            self._writer.reader.blob_names = found.state_keys
 
     def blob_list(self) -> list[str]:
         """Names of the leaves this manager saves and loads.
@@ -284,51 +230,20 @@ class CheckpointManager(ManagerCore):
         Raises:
             RuntimeError: Before ``init(retrieve_from_epoch=...)``, a save or a load.
         """
-        if self._blob_names is None:
+        names = self._writer.reader.blob_names
+        if names is None:
             raise RuntimeError("blob_list() is known only after init from an epoch, save or load")
-        return list(self._blob_names)
+        return list(names)
 
     def check_db_exists(self, epoch: int) -> bool:
         """Whether this node's checkpoint of ``epoch`` is committed."""
-        return is_committed(db_name(check_epoch(epoch), self._node_name, self._db_prefix))
+        path = db_name(check_epoch(epoch), self._writer.node_name, self._db_prefix)
+        return is_committed(path)
 
-    def _checkpoint(
-        self, epoch: int, path_prefix: str | None = None, path_type: str | None = None
-    ) -> tuple[str, manifest.Manifest]:
-        """The committed checkpoint directory of ``epoch`` and its manifest (read once)."""
+    def _checkpoint(self, epoch: int, path_prefix: str | None = None, path_type=None):
         if path_type is not None:
             check_db_type(path_type, "path_type")
-        epoch = check_epoch(epoch)
-        prefix = path_prefix or self._path_prefix
-        path = db_name(epoch, self._node_name, self._db_prefix, prefix)
-        if path not in self._manifests:
-            if not is_committed(path):
-                raise FileNotFoundError(
-                    f"no committed checkpoint for node {self._node_name!r} at epoch {epoch} "
-                    f"({path!r}); committed epochs: {self.committed_epochs()}"
-                )
-            self._manifests[path] = manifest.read(path)
-        return path, self._manifests[path]
-
-    def _get_reader(self) -> ocp.Checkpointer:
-        if self._reader is None:
-            handler = storage.composite_handler(self._db_prefix, self._private)
-            self._reader = orbax_private.checkpointer(
-                self._db_prefix, handler, private=self._private
-            )
-        return self._reader
-
-    def _restore(self, path, found, names, *, item=storage.STATE, targets=None, sharding=None):
-        return storage.restore(
-            self._get_reader(),
-            path,
-            found,
-            names,
-            item=item,
-            targets=targets,
-            sharding=sharding,
-            host_map=self.host_map,
-        )
+        return self._writer.reader.checkpoint(epoch, path_prefix or self._path_prefix)
 
     def load(
         self,
@@ -353,19 +268,15 @@ class CheckpointManager(ManagerCore):
             ValueError: If a target differs from the checkpoint (names the key path).
         """
         path, found = self._checkpoint(epoch, path_prefix, path_type)
-        self._blob_names = found.state_keys
-        return self._timed_load(path, found, self._blob_names, targets=targets)
+        self._writer.reader.blob_names = found.state_keys
+        return self._writer.load(path, found, found.state_keys, targets=targets)
 
     def _verify_nodes(self, epoch: int, nodes: Sequence[str]) -> list[str]:
         """Verifies through this manager's cached manifest and reader when it reads alone."""
-        if list(nodes) != [self._node_name] or (jax.process_count() > 1 and not self._private):
+        alone = self._writer.private or jax.process_count() == 1
+        if list(nodes) != [self._writer.node_name] or not alone:
             return super()._verify_nodes(epoch, nodes)
-        try:
-            path, found = self._checkpoint(epoch)
-            records = checksum.read_records(path, found)
-        except ValueError as err:  # CorruptCheckpointError, or a malformed manifest
-            return [str(err)]
-        return checksum.check_all(self._get_reader(), path, found, records)
+        return self._writer.reader.verify(epoch)
 
     def saved_shapes(self, epoch: int) -> dict[str, Any]:
         """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""
@@ -374,13 +285,14 @@ class CheckpointManager(ManagerCore):
     def load_outputs(self, epoch: int) -> Workspace:
         """Loads the epoch outputs saved with ``epoch`` for the stop conditions."""
         path, found = self._checkpoint(epoch)
-        return Workspace(self._restore(path, found, found.output_keys, item=storage.OUTPUTS))
+        reader = self._writer.reader
+        return Workspace(reader.restore(path, found, found.output_keys, item=storage.OUTPUTS))
 
     def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
         """Loads those of ``blob_names`` that this node's checkpoint of ``epoch`` holds."""
         path, found = self._checkpoint(epoch)
         wanted = [n for n in blob_names if n in found.state]
-        return self._timed_load(path, found, wanted)
+        return self._writer.load(path, found, wanted)
 
     def load_blobs_locally(
         self, nodes: Sequence[Any], blob_names: Iterable[str], epoch: int, session: Any
@@ -390,25 +302,11 @@ class CheckpointManager(ManagerCore):
         Returns:
             False, loading nothing, if the checkpoint of ``epoch`` is missing.
         """
-        self._agreed_stats = None  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             return False
         loaded = self.load_blobs_from_checkpoint(blob_names, epoch)
         session.workspace = session.workspace.set(loaded)
         return True
-
-    def _timed_load(self, path, found, names, *, targets=None) -> Workspace:
-        self._current_db_name, self._agreed_stats = path, None
-        start = time.perf_counter()
-        logger.info("Loading %s from %s", names, path)
-        items = self._restore(path, found, names, targets=targets)
-        self._current_stats = {
-            "epoch": found.epoch,
-            "duration_s": time.perf_counter() - start,
-            "bytes": storage.nbytes(items),
-            "error": None,
-        }
-        return Workspace(items)
 
     def save(
         self, epoch: int, workspace: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None
@@ -445,435 +343,5 @@ class CheckpointManager(ManagerCore):
             CheckpointInUseError: If another live process writes this node here.
             HostTimeoutError: If another process does not arrive in time.
         """
-        access = self._take_access()
-        plan = self.prepare_save(epoch, workspace, outputs=outputs, accessible=access)
-        if self._private:
-            posts = [plan.post]
-        else:
-            posts = hosts.exchange(self._what(plan.epoch), plan.post, timeout_s=plan.timeout_s)
-        problem = self.agree_save(plan, posts)
-        me = [jax.process_index()] if self._private else range(len(posts))
-        self._agreed_stats = None
-        if problem is None:  # every process reached the same conclusion
-            pairs = zip(me, posts, strict=True)
-            self._agreed_stats = [{"process": p, "stats": post["stats"]} for p, post in pairs]
-        self.start_save(plan)
-
-    def _what(self, epoch: int | None) -> str:
-        if epoch is None:
-            return f"the end of the saves of node {self._node_name!r}"
-        return f"the save of epoch {epoch} of node {self._node_name!r}"
-
-    def prepare_save(
-        self,
-        epoch: int,
-        workspace: Mapping[str, Any],
-        *,
-        outputs: Mapping[str, Any] | None = None,
-        accessible: bool = True,
-    ) -> SavePlan:
-        """This process's part of :meth:`save` before the processes agree; waits on no other.
-
-        ``accessible=False`` (the metadata handler's answer) makes it post a
-        PermissionError and touch nothing. Otherwise it completes this
-        process's save in flight, builds the manifest, encodes the leaves and
-        moves a committed checkpoint of ``epoch`` aside. A problem is not
-        raised but posted: ``plan.post`` is what this process tells the
-        others. :meth:`save` is this, one exchange of the posts,
-        :meth:`agree_save` and :meth:`start_save`; a multi-node manager
-        makes one exchange for all its nodes.
-
-        Raises:
-            TypeError, ValueError: For a bad ``epoch`` or leaf name (on every process alike).
-            CheckpointInUseError: If another live process writes this node here.
-        """
-        epoch = check_epoch(epoch)
-        for name in [*workspace, *(outputs or {})]:  # before the lock: nothing is written
-            manifest.check_name(name)
-        self._check_writer()
-        path = db_name(epoch, self._node_name, self._db_prefix)
-        if not accessible:  # the metadata handler's verdict: touch nothing, finish nothing
-            denied = PermissionError(
-                f"the metadata handler reports the checkpoints under {self._db_prefix!r} as "
-                "not accessible (cp_accessible() is False); nothing was written"
-            )
-            pending = _Pending(epoch, path, time.perf_counter())
-            return self._plan(SavePlan(epoch, path, pending, self.timeout_s, problem=denied))
-        unwritable = self._take_lock()
-        started = self._pending.started if self._pending else None
-        previous = self._finish_pending()
-        pending = _Pending(epoch, path, time.perf_counter())
-        plan = SavePlan(epoch, path, pending, self._wait_s(started), previous=previous)
-        try:
-            if unwritable is not None:
-                raise unwritable
-            self._encode(plan, workspace, outputs or {})
-        except Exception as err:
-            plan.problem = err
-        return self._plan(plan)
-
-    def _wait_s(self, started: float | None) -> float:
-        """``timeout_s`` plus what remains of the write started at ``started`` (others await it)."""
-        if started is None:
-            return self.timeout_s
-        return self.timeout_s + max(
-            0.0, started + self.options.write_timeout_s - time.perf_counter()
-        )
-
-    def _encode(self, plan: SavePlan, workspace: Mapping[str, Any], outputs: Mapping) -> None:
-        """Builds the manifest and the leaves as stored, then moves the path aside."""
-        found, flat = manifest.build(
-            plan.epoch,
-            self._node_name,
-            Workspace(workspace),
-            Workspace(outputs),
-            self.owner_process,
-        )
-        metrics = retention.metrics_of(self.required_outputs, outputs, workspace)
-        plan.found = dataclasses.replace(found, metrics=metrics)
-        plan.encoded, plan.digests = storage.encode(plan.found, flat, self._private)
-        plan.bytes = storage.nbytes(plan.encoded)
-        _prepare_prefix(self._db_prefix)
-        self._manifests.pop(plan.path, None)
-        if jax.process_index() == (self.owner_process or 0):
-            plan.pending.superseded = _move_aside(plan.path)
-
-    def _plan(self, plan: SavePlan) -> SavePlan:
-        """Completes ``plan`` with its post: outcome, leaves to check, and this save's stats."""
-        local = {
-            s.path: {"kind": s.kind, "dtype": s.dtype, "shape": list(s.shape)}
-            for s in (plan.found.leaves.values() if plan.found else ())
-            if s.host_local
-        }
-        stats = {
-            "epoch": plan.epoch,
-            "bytes": plan.bytes,
-            "error": _text(plan.problem),
-            "duration_s": time.perf_counter() - plan.pending.started,
-        }
-        plan.post = {
-            **_outcome(plan.previous, plan.problem),
-            "host_local": local,
-            "replicated": plan.digests,
-            "stats": {plan.path: stats},
-        }
-        return plan
-
-    def agree_save(self, plan: SavePlan, posts: Sequence[Mapping[str, Any]]) -> Exception | None:
-        """Concludes from every process's ``plan.post`` (in process order) whether the save starts.
-
-        Sets ``plan.previous`` to the previous save's failure on any process
-        and ``plan.problem`` to this save's problem on any process (each
-        naming those processes), or None.
-
-        Returns:
-            ``plan.problem``.
-        """
-        plan.previous, plan.problem = self._conclude(
-            plan.epoch, plan.path, plan.previous, plan.problem, posts
-        )
-        return plan.problem
-
-    def start_save(self, plan: SavePlan, *, cancel: bool = False) -> None:
-        """Starts the agreed save, or gives it up if ``plan.problem`` (or ``cancel``) says so.
-
-        Args:
-            plan: From :meth:`prepare_save`, concluded by :meth:`agree_save`.
-            cancel: Give it up though it could start (another node's save could not).
-
-        Raises:
-            As :meth:`save`: the problem, else (after starting) the previous save's failure.
-        """
-        problem = plan.problem
-        if problem is None and not cancel:
-            problem = self._start(plan)
-            if not self.options.async_save and problem is None:
-                plan.previous = plan.previous or self._finish_pending()
-        else:
-            _put_back(plan.path, plan.pending)
-            if problem is not None:
-                self._record_failure(plan.epoch, plan.path, problem)
-        self._retain()
-        if problem is not None:
-            raise problem
-        if plan.previous is not None:
-            raise plan.previous
-
-    def _agree(self, previous: CheckpointSaveError | None, *, started: float | None):
-        """Shares with every process how the last save ended; returns its failure on any process."""
-        mine = {**_outcome(previous, None), "host_local": {}, "replicated": {}}
-        posts = hosts.exchange(self._what(None), mine, timeout_s=self._wait_s(started))
-        previous, _ = self._conclude(None, None, previous, None, posts)
-        return previous
-
-    def _conclude(self, epoch, path, previous, problem, posts):
-        """The previous save's failure and this save's problem on any process, from the posts.
-
-        Returns:
-            Each naming the processes where it happened, or None.
-        """
-        me = [0] if self._private else [jax.process_index()]
-        failed, text = boundary.failures(posts, "previous")
-        if failed and failed != me:
-            at = posts[failed[0]]["previous_at"]
-            previous = self._record_failure(at[0], at[1], text, failed, count=previous is None)
-        problems, text = boundary.failures(posts, "problem")
-        if problems == me or isinstance(problem, codec.UnstorableLeafError):
-            return previous, problem  # a refused leaf is raised as it is wherever it is refused
-        if problems:
-            return previous, CheckpointSaveError(epoch, path, text, problems)
-        disagreement = boundary.mismatch(posts)
-        return previous, (ValueError(disagreement) if disagreement else None)
-
-    def _deletes(self) -> bool:
-        """Whether this process is the one that deletes (process 0, or the owner)."""
-        return jax.process_index() == (self.owner_process or 0)
-
-    def _take_lock(self) -> Exception | None:
-        """Takes the node's lock once, then removes what killed saves left.
-
-        Returns:
-            The error making ``db_prefix`` unwritable (not holding the lock),
-            or the lock lost to another writer, if so.
-
-        Raises:
-            CheckpointInUseError: If another live process writes this node here.
-        """
-        if self._lock is not None:
-            return self._lock.lost()
-        try:
-            if self._private or jax.process_count() == 1:  # else process 0 creates it
-                _prepare_prefix(self._db_prefix)
-            self._lock = lock.acquire(
-                self._db_prefix,
-                self._node_name,
-                owner_process=self.owner_process,
-                timeout_s=self.timeout_s,
-            )
-        except OSError as err:
-            return err
-        if self._deletes():
-            retention.sweep(self._db_prefix, self._node_name)
-        return None
-
-    def _retain(self) -> None:
-        """Applies ``keep`` after a commit, on the deleting process; never raises."""
-        if self._retention is not None and self._deletes():
-            self._retention.apply(writing=self._pending.epoch if self._pending else None)
-
-    def _check_writer(self) -> None:
-        if self._private and jax.process_index() != self.owner_process:
-            raise ValueError(
-                f"node {self._node_name!r} is saved by process {self.owner_process} alone "
-                f"(owner_process), but save was called on process {jax.process_index()}"
-            )
-
-    def _start(self, plan: SavePlan) -> CheckpointSaveError | None:
-        """Starts the Orbax save on every process; returns its failure, if any."""
-        epoch, path, pending = plan.epoch, plan.path, plan.pending
-        self._current_db_name = path
-        self._current_stats = {"epoch": epoch, "bytes": plan.bytes, "error": None}
-        deferred = preemption.DeferredInterrupt()
-        try:
-            args = storage.save_args(plan.encoded, plan.found)
-            logger.debug("Saving epoch %d to %s", epoch, path)
-            _orbax_errors.saving.add(path)
-            pending.starting, self._pending = True, pending  # a KeyboardInterrupt finishes it
-            with deferred:  # Ctrl-C is raised once Orbax has started the save
-                pending.deadline = storage.start_bounded(self._get_saver(), path, args, plan.bytes)
-        except Exception as err:
-            self._pending = None
-            _orbax_errors.saving.discard(path)
-            if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
-                self._remove_failed(path)
-                _put_back(path, pending)
-            failure = self._record_failure(epoch, path, err)
-            deferred.raise_if_received()
-            return failure
-        pending.starting = False
-        self._blob_names = plan.found.state_keys
-        self._current_stats["duration_s"] = time.perf_counter() - pending.started
-        deferred.raise_if_received()  # the save is in flight: train completes it
-        return None
-
-    def _get_saver(self) -> ocp.Checkpointer:
-        if self._saver is None:
-            handler = storage.composite_handler(self._db_prefix, self._private)
-            timeout = self.options.write_timeout_s if self.options.async_save else None
-            self._saver = orbax_private.checkpointer(
-                self._db_prefix, handler, private=self._private, async_timeout_s=timeout
-            )
-        return self._saver
-
-    def _record_failure(
-        self,
-        epoch: int,
-        path: str,
-        err: BaseException | str,
-        processes: list[int] | None = None,
-        *,
-        count: bool = True,
-    ) -> CheckpointSaveError:
-        if isinstance(err, CheckpointSaveError):
-            failure = err
-        else:
-            failure = CheckpointSaveError(epoch, path, err, processes)
-            failure.__cause__ = err if isinstance(err, BaseException) else None
-        if count:
-            self.failures.append(failure)
-        else:
-            self.failures[-1] = failure
-        self._current_db_name, self._current_stats = path, {"epoch": epoch, "error": str(failure)}
-        logger.debug("checkpoint failure recorded: %s", failure)
-        return failure
-
-    def _finish_pending(self) -> CheckpointSaveError | None:
-        """Waits for the save in flight; returns its failure, if any (recorded, not raised).
-
-        Interrupted (KeyboardInterrupt), the save stays in flight: the next call waits again.
-        """
-        pending = self._pending
-        if pending is None:
-            return None
-        deferred = preemption.DeferredInterrupt()
-        try:
-            if isinstance(self._saver, ocp.AsyncCheckpointer):
-                with deferred:  # Ctrl-C is raised once the save is done
-                    if pending.deadline is None:
-                        self._saver.wait_until_finished()
-                    else:  # on an object store
-                        storage.wait_bounded(self._saver, pending.db, pending.deadline)
-            if pending.starting and not is_committed(pending.db):
-                raise RuntimeError(
-                    f"a KeyboardInterrupt stopped the start of the save of epoch {pending.epoch}"
-                    "; nothing of it was committed"
-                )
-        except Exception as err:
-            self._pending = None
-            _orbax_errors.saving.discard(pending.db)
-            if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
-                self._remove_failed(pending.db)
-                _put_back(pending.db, pending)
-            self._flush_metadata(committed=False)
-            failure = self._record_failure(pending.epoch, pending.db, err)
-            if deferred.received:  # the KeyboardInterrupt goes up, not the failure: log it
-                logger.warning("Unable to write checkpoint for epoch %d: %s", pending.epoch, err)
-            deferred.raise_if_received()
-            return failure
-        self._pending = None
-        _orbax_errors.saving.discard(pending.db)
-        if pending.superseded:
-            _remove(pending.superseded)
-        if self._current_db_name == pending.db and self._current_stats is not None:
-            self._current_stats["commit_s"] = time.perf_counter() - pending.started
-        self._flush_metadata(committed=True)
-        deferred.raise_if_received()
-        return None
-
-    def _abandon_saver(self, err: Exception) -> bool:
-        """After an object store stopped answering: drops the stuck Orbax saver; whether it did.
-
-        Its threads wait on the store and cannot be cancelled; the next save
-        makes a new saver, and the lock sweep removes what this one left.
-        """
-        if not isinstance(err, fs.StorageTimeoutError):
-            return False
-        self._saver = None
-        return True
-
-    def _remove_failed(self, path: str) -> None:
-        if self._deletes():
-            retention.remove_failed(path)
-
-    def finish_local(self) -> list[CheckpointSaveError]:
-        """Completes this process's save in flight, without waiting on other processes.
-
-        Returns:
-            Its failure, if it failed (recorded, not raised).
-        """
-        failure = self._finish_pending()
-        return [failure] if failure is not None else []
-
-    def wait_until_finished(self) -> None:
-        """Blocks until the save in flight is committed; call it on every process.
-
-        Raises:
-            CheckpointSaveError: If it failed on any process.
-            HostTimeoutError: If another process does not arrive in time.
-        """
-        started = self._pending.started if self._pending else None
-        failure = self._finish_pending()
-        if jax.process_count() > 1 and not self._private:
-            failure = self._agree(failure, started=started)
-        self._retain()
-        if failure is not None:
-            raise failure
-
-    def _close_orbax(self) -> None:
-        for checkpointer in (self._saver, self._reader):
-            if checkpointer is not None:
-                checkpointer.close()
-        self._saver = self._reader = None
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-
-    def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
-        """Adds the last action's stats to ``stats``, keyed by checkpoint directory."""
-        if self._current_db_name and self._current_stats is not None:
-            stats[self._current_db_name] = dict(self._current_stats)
-        else:
-            logger.info("No checkpoint stats to collect for %s", self._node_name)
-
-
-def _outcome(previous: CheckpointSaveError | None, problem: BaseException | None) -> dict:
-    """The post of how this process's previous save ended and whether this one can start."""
-    return {
-        "previous": _text(previous),
-        "previous_at": [previous.epoch, previous.db_name] if previous else None,
-        "problem": _text(problem),
-    }
-
-
-def _text(err: BaseException | None) -> str | None:
-    if err is None:
-        return None
-    cause = err.__cause__ if isinstance(err, CheckpointSaveError) and err.__cause__ else err
-    return f"{type(cause).__name__}: {cause}"
-
-
-def _remove(path: str) -> None:
-    try:
-        fs.rmtree(path)
-    except OSError as err:
-        logger.warning("could not remove the superseded checkpoint %s: %s", path, err)
-
-
-def _move_aside(path: str) -> str | None:
-    """Moves whatever is at ``path`` out of the way of a new save; returns where it went.
-
-    A committed checkpoint is renamed aside on local disk (put back if the new
-    save fails, deleted once it commits); on object stores, which cannot
-    rename, it is deleted. Anything else at ``path`` is not a checkpoint
-    (an interrupted commit-file save): it is deleted.
-    """
-    if not fs.exists(path):
-        return None
-    if is_committed(path) and not fs.is_remote(path):
-        aside = f"{path}.superseded-{time.time_ns()}"
-        fs.rename(path, aside)
-        return aside
-    if is_committed(path):
-        logger.warning(
-            "Replacing the committed checkpoint %s: object stores cannot rename, "
-            "so the old one is deleted before the new one is written",
-            path,
-        )
-    fs.rmtree(path)
-    return None
-
-
-def _put_back(path: str, pending: _Pending | None) -> None:
-    """After a failed save, returns the epoch it was replacing to its place."""
-    if pending is not None and pending.superseded and not fs.exists(path):
-        fs.rename(pending.superseded, path)
+        node = self._writer.node_name
+        self._save_round(epoch, {node: (workspace, outputs)})

@@ -1,30 +1,31 @@
-"""Checkpointing several logical nodes: one checkpoint directory per node and epoch."""
+"""Checkpointing several logical nodes: a facade over one node writer per node."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 
-from jaxjob._src.base.errors import CheckpointSaveError
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import manifest
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import check_epoch, db_name
 from jaxjob._src.core.session import Session
 from jaxjob._src.core.workspace import Workspace
-from jaxjob._src.manager import boundary, retention
 from jaxjob._src.manager import keep as keep_lib
-from jaxjob._src.manager.checkpoint_manager import CheckpointManager, SavePlan
-from jaxjob._src.manager.metadata import DiskMetadataHandler, MetadataHandler
+from jaxjob._src.manager import retention
+from jaxjob._src.manager.checkpoint_manager import CheckpointManager
+from jaxjob._src.manager.facade import ManagerCore
+from jaxjob._src.manager.metadata import MetadataHandler
+from jaxjob._src.manager.save_round import Round
 from jaxjob._src.manager.shared import (
     DEFAULT_WRITE_TIMEOUT_S,
     CheckpointOptions,
-    ManagerCore,
     check_owner,
+    resolve_options,
 )
+from jaxjob._src.manager.writer import NodeWriter
 from jaxjob._src.multihost import hosts
 
 __all__ = ["MultiNodeCheckpointManager"]
@@ -33,7 +34,7 @@ logger = get_logger(__name__)
 
 
 class MultiNodeCheckpointManager(ManagerCore):
-    """Coordinates one :class:`CheckpointManager` per node of a job.
+    """Saves and loads every node of a job: one node writer, and one checkpoint, per node.
 
     Node ``n``'s checkpoint of epoch ``e`` is ``<db_prefix>/<n>.<e>/`` and holds
     the leaves that ``n``'s init tasks created. Stats of every node are
@@ -63,8 +64,11 @@ class MultiNodeCheckpointManager(ManagerCore):
         keep: Which committed epochs to keep (see
             :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`); an epoch is
             deleted for every node together, by process 0.
+        options: The options above but ``node_processes`` and ``keep`` as
+            one :class:`~jaxjob.CheckpointOptions`.
 
-    Each node's manager takes that node's lock (see :mod:`jaxjob._src.manager.lock`).
+    Each node's writer takes that node's lock (see :mod:`jaxjob._src.manager.lock`);
+    the processes agree on every node's save in one exchange.
 
     Example:
         >>> import tempfile, jax.numpy as jnp, jaxjob
@@ -89,8 +93,10 @@ class MultiNodeCheckpointManager(ManagerCore):
         storage_timeout_s: float | None = None,
         node_processes: Mapping[str, int] | None = None,
         keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
+        options: CheckpointOptions | None = None,
     ) -> None:
-        options = CheckpointOptions(
+        options = resolve_options(
+            options,
             async_save=async_save,
             timeout_s=timeout_s,
             write_timeout_s=write_timeout_s,
@@ -98,9 +104,9 @@ class MultiNodeCheckpointManager(ManagerCore):
             storage_timeout_s=storage_timeout_s,
         )
         super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep)
-        self._retention: retention.Retention | None = None
         self._node_processes = {str(k): check_owner(v) for k, v in (node_processes or {}).items()}
-        self._node_managers: list[tuple[str, CheckpointManager]] | None = None
+        self._node_writers: list[NodeWriter] | None = None
+        self._node_managers: list[tuple[str, CheckpointManager]] = []
         self._key_nodes: dict[str, str] = {}
 
     def __repr__(self) -> str:
@@ -113,7 +119,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         Raises:
             RuntimeError: Before :meth:`init`.
         """
-        if self._node_managers is None:
+        if self._node_writers is None:
             raise RuntimeError("MultiNodeCheckpointManager: call init(nodes) first")
         return list(self._node_managers)
 
@@ -121,9 +127,15 @@ class MultiNodeCheckpointManager(ManagerCore):
         """The job's node names, in order."""
         return [n for n, _ in self.node_managers]
 
-    def has_pending(self) -> bool:
-        """Whether a save of some node of this process is in flight."""
-        return any(m.has_pending() for _, m in self._node_managers or [])
+    def _writers(self) -> list[NodeWriter]:
+        return list(self._node_writers or [])
+
+    def _how(self, epoch: int | None) -> Round:
+        what = f"the save of epoch {epoch} of nodes {self.node_names()}"
+        if epoch is None:
+            what = "the end of the node saves"
+        exchange = epoch is not None or jax.process_count() > 1
+        return Round(what, keyed=True, exchange=exchange, timeout_s=self.timeout_s)
 
     def _make_managers(self, nodes: Sequence[Any]) -> None:
         names = [str(n) for n in nodes]
@@ -133,35 +145,30 @@ class MultiNodeCheckpointManager(ManagerCore):
                 f"nodes {names} name {twice} more than once: two managers would write the "
                 "same checkpoint directories; give each node once"
             )
-        if self._node_managers is not None:
-            current = [n for n, _ in self._node_managers]
+        if self._node_writers is not None:
+            current = [w.node_name for w in self._node_writers]
             if current != names:
                 raise ValueError(
                     f"this MultiNodeCheckpointManager was initialised with nodes {current}, "
                     f"got nodes {names}; use a new manager for another job"
                 )
             return
-        self._node_managers = [
-            (
+        self._node_writers = [
+            NodeWriter(
+                self._db_prefix,
                 name,
-                CheckpointManager(
-                    self._db_prefix,
-                    name,
-                    self._db_type,
-                    DiskMetadataHandler(),
-                    **dataclasses.asdict(self.options),
-                    owner_process=self._node_processes.get(name),
-                ),
+                self.options,
+                owner_process=self._node_processes.get(name),
+                required_outputs=self.required_outputs,
+                committed=lambda name=name: self._committed(name),
             )
             for name in names
         ]
+        self._node_managers = [
+            (w.node_name, CheckpointManager._over(w, self)) for w in self._node_writers
+        ]
         if self._keep:
             self._retention = retention.Retention(self._db_prefix, names, self._keep)
-
-    def _retain(self, writing: int | None) -> None:
-        """Applies ``keep`` to every node together, on process 0; never raises."""
-        if self._retention is not None and jax.process_index() == 0:
-            self._retention.apply(writing=writing)
 
     def init(
         self,
@@ -185,7 +192,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         Raises:
             ValueError: If called again with different nodes.
         """
-        first = self._node_managers is None
+        first = self._node_writers is None
         self._make_managers(nodes)
         if key_nodes:
             self._key_nodes.update(key_nodes)
@@ -224,7 +231,6 @@ class MultiNodeCheckpointManager(ManagerCore):
     ) -> Workspace:
         """Loads and merges every node's checkpoint of ``epoch`` (private nodes: its own)."""
         merged: dict[str, Any] = {}
-        self._agreed_stats = None
         for name, manager in self._own_managers():
             ws = manager.load(epoch, path_prefix, path_type, targets=targets)
             self._key_nodes.update(dict.fromkeys(ws, name))
@@ -249,7 +255,6 @@ class MultiNodeCheckpointManager(ManagerCore):
         """Loads ``blob_names`` from every node's checkpoint of ``epoch`` that holds them."""
         names = list(blob_names)
         merged: dict[str, Any] = {}
-        self._agreed_stats = None
         for _, manager in self.node_managers:
             merged.update(manager.load_blobs_from_checkpoint(names, epoch))
         return Workspace(merged)
@@ -268,7 +273,6 @@ class MultiNodeCheckpointManager(ManagerCore):
             KeyError: If no node's checkpoint holds a requested name.
         """
         self._make_managers(nodes)
-        self._agreed_stats = None  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             missing = [n for n, m in self.node_managers if not m.check_db_exists(epoch)]
             logger.info("Checkpoints of nodes %s at epoch %d do not exist", missing, epoch)
@@ -286,21 +290,6 @@ class MultiNodeCheckpointManager(ManagerCore):
         """The nodes this process saves and resumes: its own and those every process shares."""
         me = jax.process_index()
         return [(n, m) for n, m in self.node_managers if m.owner_process in (None, me)]
-
-    def _share_failure(self, what: str, failure: CheckpointSaveError | None):
-        """With private nodes, every process learns each process's save failure."""
-        if not self._node_processes or jax.process_count() == 1:
-            return failure
-        post = {
-            "error": str(failure) if failure else None,
-            "epoch": failure.epoch if failure else None,
-        }
-        posts = hosts.exchange(what, post, timeout_s=self.timeout_s)
-        failed, text = boundary.failures(posts, "error")
-        if not failed or failed == [jax.process_index()]:
-            return failure
-        at = posts[failed[0]]
-        return CheckpointSaveError(at["epoch"], self._db_prefix, text, failed)
 
     def _owner(self, name: str) -> str:
         nodes = [n for n, _ in self.node_managers]
@@ -325,152 +314,12 @@ class MultiNodeCheckpointManager(ManagerCore):
         check_epoch(epoch)
         for name in [*workspace, *(outputs or {})]:  # before any node's save is prepared
             manifest.check_name(name)
-        due, self._metadata_due = self._metadata_due, None
-        plans = self._prepare(epoch, workspace, outputs, self._take_access())
-        posts = hosts.exchange(
-            f"the save of epoch {epoch} of nodes {self.node_names()}",
-            {name: plan.post for name, plan in plans.items()},
-            timeout_s=max([self.timeout_s, *(plan.timeout_s for plan in plans.values())]),
-        )
-        current, elsewhere = self._agree(plans, posts)
-        self._agreed_stats = None if current else _stats_posts(posts)
-        previous, current = self._start(plans, current)
-        if current is not None:
-            raise current
-        previous = previous or elsewhere
-        self._metadata_due = due
-        self._flush_metadata(committed=previous is None)
-        self._retain(writing=epoch)
-        if previous is not None:
-            raise previous
-
-    def _prepare(self, epoch, workspace, outputs, accessible) -> dict[str, SavePlan]:
-        """Each of this process's nodes' part of the save, before the processes agree."""
-        own = self._own_managers()
-        plans = {}
-        for name, manager in own:
-            part = {k: v for k, v in workspace.items() if self._owner(k) == name}
-            plans[name] = manager.prepare_save(
-                epoch,
-                part,
-                outputs=outputs if name == own[0][0] else None,
-                accessible=accessible,
+        own = [w.node_name for w in self._writers() if w.own]
+        items = {
+            name: (
+                {k: v for k, v in workspace.items() if self._owner(k) == name},
+                outputs if name == own[0] else None,
             )
-        return plans
-
-    def _agree(self, plans, posts):
-        """Concludes every node's save from the posts, in node order.
-
-        Returns:
-            The first node's problem on any process, and the first failure of
-            a previous save of another process's private node (or None).
-        """
-        problems, elsewhere = [], []
-        for name, manager in self.node_managers:
-            if name in plans:
-                node_posts = [post[name] for post in posts if name in post]
-                problem = manager.agree_save(plans[name], node_posts)
-                if isinstance(problem, OSError):  # this process's: its prefix is not writable
-                    problem = _save_error(plans[name], problem)
-                problems.append(problem)
-            elif name in self._node_processes:  # another process's own node
-                owner = self._node_processes[name]
-                previous, problem = _outcome_elsewhere(posts[owner][name], owner)
-                problems.append(problem)
-                elsewhere.append(previous)
-        first = next((p for p in problems if p is not None), None)
-        return first, next((p for p in elsewhere if p is not None), None)
-
-    def _start(self, plans, current):
-        """Starts each node's save, or none if ``current`` (some node's problem) says so.
-
-        Returns:
-            The first previous save's failure, and this save's failure.
-        """
-        previous = None
-        for name, manager in self._own_managers():
-            try:
-                manager.start_save(plans[name], cancel=current is not None)
-            except CheckpointSaveError as err:
-                if err.epoch != plans[name].epoch:
-                    previous = previous or err
-                else:
-                    current = current or err
-            except Exception as err:  # this process's own problem, raised as it is
-                current = current or err
-        return previous, current
-
-    def wait_until_finished(self) -> None:
-        """Blocks until every node's save in flight is committed; call it on every process.
-
-        Raises:
-            CheckpointSaveError: The first node's failure, if any.
-        """
-        if self._node_managers is None:
-            return
-        failures = []
-        for _, manager in self._own_managers():
-            try:
-                manager.wait_until_finished()
-            except CheckpointSaveError as err:
-                failures.append(err)
-        shared = self._share_failure("the end of the node saves", failures[0] if failures else None)
-        failures = [shared] if shared and not failures else failures
-        self._flush_metadata(committed=not failures)
-        self._retain(writing=None)
-        if failures:
-            raise failures[0]
-
-    def finish_local(self) -> list[CheckpointSaveError]:
-        """Completes this process's node saves in flight, without waiting on other processes.
-
-        Returns:
-            Their failures (recorded, not raised).
-        """
-        return [f for _, m in self._node_managers or [] for f in m.finish_local()]
-
-    def _close_orbax(self) -> None:
-        # wait_until_finished already waited for every node: release without waiting again
-        for _, manager in self._node_managers or []:
-            manager._close_orbax()
-
-    @property
-    def failures(self) -> list[CheckpointSaveError]:
-        """Every save failure of every node, in order."""
-        return [f for _, m in self._node_managers or [] for f in m.failures]
-
-    def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
-        """Adds each node's last action stats to ``stats``."""
-        for _, manager in self.node_managers:
-            manager.collect_checkpoint_stats(stats)
-
-
-def _stats_posts(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each process's stats of its nodes' saves, from its post of the save's agreement."""
-    return [
-        {
-            "process": p,
-            "stats": {db: s for node in post.values() for db, s in node["stats"].items()},
+            for name in own
         }
-        for p, post in enumerate(posts)
-    ]
-
-
-def _save_error(plan: SavePlan, err: OSError) -> CheckpointSaveError:
-    failure = CheckpointSaveError(plan.epoch, plan.path, err)
-    failure.__cause__ = err
-    return failure
-
-
-def _outcome_elsewhere(post: dict[str, Any], owner: int):
-    """The previous save's failure and this save's problem of process ``owner``'s own node."""
-    previous = problem = None
-    if post["previous"]:
-        epoch, db = post["previous_at"]
-        previous = CheckpointSaveError(epoch, db, f"process {owner}: {post['previous']}", [owner])
-    if post["problem"]:
-        ((db, stats),) = post["stats"].items()
-        problem = CheckpointSaveError(
-            stats["epoch"], db, f"process {owner}: {post['problem']}", [owner]
-        )
-    return previous, problem
+        self._save_round(epoch, items)

@@ -1,0 +1,130 @@
+"""The reading half of one node's checkpoints: manifests read once, one Orbax reader, loads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from jaxjob._src.base.log import get_logger
+from jaxjob._src.checkpoint import checksum, manifest, storage
+from jaxjob._src.checkpoint.hostlocal import HostMap
+from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
+from jaxjob._src.core.workspace import Workspace
+from jaxjob._src.internals import orbax_private
+from jaxjob._src.manager.records import Action, Stats
+
+__all__ = ["NodeReader"]
+
+logger = get_logger(__name__)
+
+
+class NodeReader:
+    """Reads one node's committed checkpoints under ``db_prefix``; never takes its lock.
+
+    Args:
+        db_prefix: The normalized checkpoint directory.
+        node_name: The node.
+        private: Whether the node is private to one process (it reads alone).
+        host_map: How host-local leaves are resumed on another process count.
+        committed: Lists the committed epochs, for error messages.
+    """
+
+    def __init__(
+        self,
+        db_prefix: str,
+        node_name: str,
+        *,
+        private: bool,
+        host_map: HostMap | None,
+        committed: Callable[[], list[int]],
+    ) -> None:
+        self.db_prefix = db_prefix
+        self.node_name = node_name
+        self.private = private
+        self.host_map = host_map
+        self._committed = committed
+        self._manifests: dict[str, manifest.Manifest] = {}
+        self._orbax: ocp.Checkpointer | None = None
+        self.blob_names: list[str] | None = None
+
+    def forget(self, path: str) -> None:
+        """Drops the cached manifest of ``path`` (a save is about to replace it)."""
+        self._manifests.pop(path, None)
+
+    def checkpoint(
+        self, epoch: int, path_prefix: str | None = None
+    ) -> tuple[str, manifest.Manifest]:
+        """The committed checkpoint directory of ``epoch`` and its manifest (read once).
+
+        Raises:
+            FileNotFoundError: If it is not committed (lists the committed epochs).
+        """
+        epoch = check_epoch(epoch)
+        path = db_name(epoch, self.node_name, self.db_prefix, path_prefix)
+        if path not in self._manifests:
+            if not is_committed(path):
+                raise FileNotFoundError(
+                    f"no committed checkpoint for node {self.node_name!r} at epoch {epoch} "
+                    f"({path!r}); committed epochs: {self._committed()}"
+                )
+            self._manifests[path] = manifest.read(path)
+        return path, self._manifests[path]
+
+    def orbax(self) -> ocp.Checkpointer:
+        """The Orbax checkpointer this node reads with (made on first use)."""
+        if self._orbax is None:
+            handler = storage.composite_handler(self.db_prefix, self.private)
+            self._orbax = orbax_private.checkpointer(self.db_prefix, handler, private=self.private)
+        return self._orbax
+
+    def restore(
+        self,
+        path: str,
+        found: manifest.Manifest,
+        names: Sequence[str],
+        *,
+        item: str = storage.STATE,
+        targets: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Restores ``names`` of ``item`` from the checkpoint at ``path``."""
+        return storage.restore(
+            self.orbax(), path, found, names, item=item, targets=targets, host_map=self.host_map
+        )
+
+    def load(
+        self,
+        path: str,
+        found: manifest.Manifest,
+        names: Sequence[str],
+        *,
+        targets: Mapping[str, Any] | None = None,
+    ) -> tuple[Workspace, Stats]:
+        """Restores ``names`` of the persistent leaves, and the stats of that load."""
+        start = time.perf_counter()
+        logger.info("Loading %s from %s", names, path)
+        items = self.restore(path, found, names, targets=targets)
+        duration = time.perf_counter() - start
+        stats = Stats(found.epoch, storage.nbytes(items), None, duration, action=Action.LOAD)
+        return Workspace(items), stats
+
+    def verify(self, epoch: int) -> list[str]:
+        """Checks the checksums of this node's checkpoint of ``epoch`` through the cached reader.
+
+        Returns:
+            One line per damaged leaf or file; empty when intact.
+        """
+        try:
+            path, found = self.checkpoint(epoch)
+            records = checksum.read_records(path, found)
+        except ValueError as err:  # CorruptCheckpointError, or a malformed manifest
+            return [str(err)]
+        return checksum.check_all(self.orbax(), path, found, records)
+
+    def close(self) -> None:
+        """Releases the Orbax reader."""
+        if self._orbax is not None:
+            self._orbax.close()
+        self._orbax = None

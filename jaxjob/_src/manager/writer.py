@@ -1,0 +1,526 @@
+"""The node save engine: one class writes one node's checkpoints, waiting on no other process.
+
+A save of one node is three steps on each process: :meth:`NodeWriter.prepare`
+(finish the save in flight, build the manifest, encode the leaves, move a
+committed checkpoint of the epoch aside; a problem is posted, not raised),
+:meth:`NodeWriter.conclude` (read every process's post: the previous save's
+failure anywhere, this save's problem anywhere) and :meth:`NodeWriter.start`
+(start the Orbax save, or give it up and put the old checkpoint back).
+Between the last two the processes exchange their posts: that is
+:func:`jaxjob._src.manager.save_round.save_round`, which runs one round over
+any number of writers with one exchange. :meth:`NodeWriter.finish` completes
+the save in flight. Failures are recorded in :attr:`NodeWriter.failures`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from jaxjob._src.base import fs, preemption
+from jaxjob._src.base.errors import CheckpointSaveError
+from jaxjob._src.base.log import get_logger
+from jaxjob._src.checkpoint import codec, manifest, storage
+from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
+from jaxjob._src.core.workspace import Workspace
+from jaxjob._src.internals import orbax_private
+from jaxjob._src.manager import boundary, lock, retention
+from jaxjob._src.manager.reader import NodeReader
+from jaxjob._src.manager.records import (
+    Action,
+    LeafCheck,
+    SavePost,
+    Stats,
+    error_text,
+    failed_processes,
+)
+from jaxjob._src.manager.shared import CheckpointOptions
+from jaxjob._src.manager.supersede import move_aside, put_back, remove_superseded
+
+__all__ = ["NodeWriter", "SavePlan"]
+
+logger = get_logger(__name__)
+
+
+class _OrbaxSaveErrors(logging.Filter):
+    """Moves Orbax's tracebacks of a failing jaxjob save from absl's log to jaxjob's DEBUG.
+
+    While a save of this process is in flight, Orbax's background threads log
+    each failure at ERROR with its traceback (several records, hundreds of
+    lines); jaxjob reports the failure itself, in one line, when it surfaces.
+    Other Orbax records, and all of them while no save is in flight, pass.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saving: set[str] = set()  # the directories of this process's saves in flight
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False (re-logged at DEBUG) for an Orbax traceback during a save."""
+        if (
+            not self.saving
+            or record.levelno < logging.WARNING
+            or not record.exc_info
+            or not _from_orbax(record)
+        ):
+            return True
+        logger.debug("Orbax: %s", record.getMessage(), exc_info=record.exc_info)
+        return False
+
+
+_ORBAX_SOURCE = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
+
+
+def _from_orbax(record: logging.LogRecord) -> bool:
+    """Whether Orbax logged ``record`` or its traceback passes through Orbax.
+
+    The record's own ``pathname`` names Orbax only when absl's logger class
+    is installed before Orbax's logger is made (it depends on import order),
+    so the traceback is read too.
+    """
+    if _ORBAX_SOURCE in record.pathname:
+        return True
+    traceback = record.exc_info[2] if record.exc_info else None
+    while traceback is not None:
+        if _ORBAX_SOURCE in traceback.tb_frame.f_code.co_filename:
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+_orbax_errors = _OrbaxSaveErrors()
+logging.getLogger("absl").addFilter(_orbax_errors)
+
+
+@dataclasses.dataclass
+class Pending:
+    """A save of this process: started, or being prepared."""
+
+    epoch: int
+    db: str
+    started: float
+    superseded: str | None = None
+    deadline: float | None = None  # on object stores: when its background write has failed
+    starting: bool = False  # Orbax's save() has not returned: an interrupt may have stopped it
+
+
+@dataclasses.dataclass
+class SavePlan:
+    """One process's part of one node's save, prepared before the processes agree to start it.
+
+    ``post`` is what this process tells the others; ``timeout_s`` is how
+    long to wait for their posts.
+    """
+
+    epoch: int
+    path: str
+    pending: Pending
+    timeout_s: float
+    previous: CheckpointSaveError | None = None
+    problem: Exception | None = None
+    found: manifest.Manifest | None = None
+    encoded: Any = None
+    digests: dict[str, str] = dataclasses.field(default_factory=dict)
+    bytes: int | None = None
+    post: SavePost = dataclasses.field(default_factory=SavePost)
+
+
+def _prepare_prefix(db_prefix: str) -> None:
+    """Creates ``db_prefix``, raising the OSError's own type with an actionable message."""
+    try:
+        fs.makedirs(db_prefix)
+    except OSError as err:
+        raise type(err)(
+            f"checkpoint db_prefix {db_prefix!r} is not a writable directory "
+            f"({err.strerror or err}); pass a directory you can write to"
+        ) from err
+
+
+class NodeWriter:
+    """Writes one node's checkpoints under ``db_prefix``: its reader, lock and failures.
+
+    Args:
+        db_prefix: The normalized checkpoint directory.
+        node_name: The node.
+        options: The manager's options.
+        owner_process: The process that alone saves this node, or None (every process, SPMD).
+        required_outputs: The outputs whose values the manifest records (for ``keep``).
+    """
+
+    def __init__(
+        self,
+        db_prefix: str,
+        node_name: str,
+        options: CheckpointOptions,
+        *,
+        owner_process: int | None,
+        required_outputs: Sequence[str] = (),
+        committed: Any = None,
+    ) -> None:
+        self.db_prefix = db_prefix
+        self.node_name = node_name
+        self.options = options
+        self.owner_process = owner_process
+        self.private = owner_process is not None
+        self.required_outputs = tuple(required_outputs)
+        self.reader = NodeReader(
+            db_prefix,
+            node_name,
+            private=self.private,
+            host_map=options.host_map,
+            committed=committed or (lambda: []),
+        )
+        self.failures: list[CheckpointSaveError] = []
+        self.last: tuple[str, Stats] | None = None  # this node's last save action
+        self._saver: ocp.Checkpointer | None = None
+        self._pending: Pending | None = None
+        self._lock: lock.Handle | None = None
+
+    @property
+    def deletes(self) -> bool:
+        """Whether this process removes what this node's saves leave (process 0, or the owner)."""
+        return jax.process_index() == (self.owner_process or 0)
+
+    @property
+    def own(self) -> bool:
+        """Whether this process saves this node (every process, or the owner)."""
+        return self.owner_process in (None, jax.process_index())
+
+    def has_pending(self) -> bool:
+        """Whether a save of this process is in flight."""
+        return self._pending is not None
+
+    def pending_started(self) -> float | None:
+        """When the save in flight started (``time.perf_counter``), or None."""
+        return self._pending.started if self._pending else None
+
+    def pending_epoch(self) -> int | None:
+        """The epoch of the save in flight, or None."""
+        return self._pending.epoch if self._pending else None
+
+    def wait_s(self, started: float | None) -> float:
+        """``timeout_s`` plus what remains of the write started at ``started`` (others await it)."""
+        if started is None:
+            return self.options.timeout_s
+        remaining = started + self.options.write_timeout_s - time.perf_counter()
+        return self.options.timeout_s + max(0.0, remaining)
+
+    def take_lock(self) -> Exception | None:
+        """Takes the node's lock once, then removes what killed saves left.
+
+        Returns:
+            The error making ``db_prefix`` unwritable (not holding the lock),
+            or the lock lost to another writer, if so.
+
+        Raises:
+            CheckpointInUseError: If another live process writes this node here.
+        """
+        if self._lock is not None:
+            return self._lock.lost()
+        try:
+            if self.private or jax.process_count() == 1:  # else process 0 creates it
+                _prepare_prefix(self.db_prefix)
+            self._lock = lock.acquire(
+                self.db_prefix,
+                self.node_name,
+                owner_process=self.owner_process,
+                timeout_s=self.options.timeout_s,
+            )
+        except OSError as err:
+            return err
+        if self.deletes:
+            retention.sweep(self.db_prefix, self.node_name)
+        return None
+
+    def prepare(
+        self,
+        epoch: int,
+        workspace: Mapping[str, Any],
+        outputs: Mapping[str, Any] | None,
+        *,
+        accessible: bool = True,
+    ) -> SavePlan:
+        """This process's part of a save before the processes agree; waits on no other.
+
+        ``accessible=False`` (the metadata handler's answer) posts a
+        PermissionError and touches nothing. A problem is not raised but
+        posted in ``plan.post``.
+
+        Raises:
+            TypeError, ValueError: For a bad ``epoch`` or leaf name (on every process alike).
+            CheckpointInUseError: If another live process writes this node here.
+        """
+        epoch = check_epoch(epoch)
+        for name in [*workspace, *(outputs or {})]:  # before the lock: nothing is written
+            manifest.check_name(name)
+        self._check_process()
+        path = db_name(epoch, self.node_name, self.db_prefix)
+        if not accessible:  # the metadata handler's verdict: touch nothing, finish nothing
+            denied = PermissionError(
+                f"the metadata handler reports the checkpoints under {self.db_prefix!r} as "
+                "not accessible (cp_accessible() is False); nothing was written"
+            )
+            pending = Pending(epoch, path, time.perf_counter())
+            plan = SavePlan(epoch, path, pending, self.options.timeout_s, problem=denied)
+            return self._post(plan)
+        unwritable = self.take_lock()
+        started = self.pending_started()
+        previous = self.finish()
+        pending = Pending(epoch, path, time.perf_counter())
+        plan = SavePlan(epoch, path, pending, self.wait_s(started), previous=previous)
+        try:
+            if unwritable is not None:
+                raise unwritable
+            self._encode(plan, workspace, outputs or {})
+        except Exception as err:
+            plan.problem = err
+        return self._post(plan)
+
+    def _check_process(self) -> None:
+        if self.private and jax.process_index() != self.owner_process:
+            raise ValueError(
+                f"node {self.node_name!r} is saved by process {self.owner_process} alone "
+                f"(owner_process), but save was called on process {jax.process_index()}"
+            )
+
+    def _encode(self, plan: SavePlan, workspace: Mapping[str, Any], outputs: Mapping) -> None:
+        """Builds the manifest and the leaves as stored, then moves the path aside."""
+        found, flat = manifest.build(
+            plan.epoch,
+            self.node_name,
+            Workspace(workspace),
+            Workspace(outputs),
+            self.owner_process,
+        )
+        metrics = retention.metrics_of(self.required_outputs, outputs, workspace)
+        plan.found = dataclasses.replace(found, metrics=metrics)
+        plan.encoded, plan.digests = storage.encode(plan.found, flat, self.private)
+        plan.bytes = storage.nbytes(plan.encoded)
+        _prepare_prefix(self.db_prefix)
+        self.reader.forget(plan.path)
+        if self.deletes:
+            plan.pending.superseded = move_aside(plan.path)
+
+    def _post(self, plan: SavePlan) -> SavePlan:
+        """Completes ``plan`` with its post: outcome, leaves to check, and this save's stats."""
+        local = {
+            s.path: LeafCheck(s.kind, s.dtype, tuple(s.shape))
+            for s in (plan.found.leaves.values() if plan.found else ())
+            if s.host_local
+        }
+        stats = Stats(
+            plan.epoch,
+            plan.bytes,
+            error_text(plan.problem),
+            time.perf_counter() - plan.pending.started,
+        )
+        plan.post = SavePost.outcome(
+            plan.previous,
+            plan.problem,
+            host_local=local,
+            replicated=plan.digests,
+            stats={plan.path: stats},
+        )
+        return plan
+
+    def conclude(self, plan: SavePlan, posts: Sequence[SavePost]) -> Exception | None:
+        """Concludes from every process's post of this node (in process order) whether it starts.
+
+        Sets ``plan.previous`` to the previous save's failure on any process
+        and ``plan.problem`` to this save's problem on any process (each
+        naming those processes), or None.
+
+        Returns:
+            ``plan.problem``.
+        """
+        plan.previous, plan.problem = self._conclude(
+            plan.epoch, plan.path, plan.previous, plan.problem, posts
+        )
+        return plan.problem
+
+    def conclude_end(
+        self, previous: CheckpointSaveError | None, posts: Sequence[SavePost]
+    ) -> CheckpointSaveError | None:
+        """The last save's failure on any process, from the posts of the end of the saves."""
+        return self._conclude(None, None, previous, None, posts)[0]
+
+    def _conclude(self, epoch, path, previous, problem, posts):
+        """The previous save's failure and this save's problem on any process, from the posts."""
+        me = [0] if self.private else [jax.process_index()]
+        failed, text = failed_processes([p.previous for p in posts])
+        if failed and failed != me:
+            at = posts[failed[0]].previous_at
+            previous = self._record_failure(at[0], at[1], text, failed, count=previous is None)
+        problems, text = failed_processes([p.problem for p in posts])
+        if problems == me or isinstance(problem, codec.UnstorableLeafError):
+            return previous, problem  # a refused leaf is raised as it is wherever it is refused
+        if problems:
+            return previous, CheckpointSaveError(epoch, path, text, problems)
+        disagreement = boundary.mismatch(posts)
+        return previous, (ValueError(disagreement) if disagreement else None)
+
+    def start(self, plan: SavePlan, *, cancel: bool = False) -> None:
+        """Starts the agreed save, or gives it up if ``plan.problem`` (or ``cancel``) says so.
+
+        Raises:
+            The problem, else (after starting) the previous save's failure.
+        """
+        problem = plan.problem
+        if problem is None and not cancel:
+            problem = self._start(plan)
+            if not self.options.async_save and problem is None:
+                plan.previous = plan.previous or self.finish()
+        else:
+            put_back(plan.path, plan.pending.superseded)
+            if problem is not None:
+                self._record_failure(plan.epoch, plan.path, problem)
+        if problem is not None:
+            raise problem
+        if plan.previous is not None:
+            raise plan.previous
+
+    def _start(self, plan: SavePlan) -> CheckpointSaveError | None:
+        """Starts the Orbax save on this process; returns its failure, if any."""
+        epoch, path, pending = plan.epoch, plan.path, plan.pending
+        self.last = (path, Stats(epoch, plan.bytes))
+        deferred = preemption.DeferredInterrupt()
+        try:
+            args = storage.save_args(plan.encoded, plan.found)
+            logger.debug("Saving epoch %d to %s", epoch, path)
+            _orbax_errors.saving.add(path)
+            pending.starting, self._pending = True, pending  # a KeyboardInterrupt finishes it
+            with deferred:  # Ctrl-C is raised once Orbax has started the save
+                pending.deadline = storage.start_bounded(self._get_saver(), path, args, plan.bytes)
+        except Exception as err:
+            self._pending = None
+            _orbax_errors.saving.discard(path)
+            if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
+                self._remove_failed(path)
+                put_back(path, pending.superseded)
+            failure = self._record_failure(epoch, path, err)
+            deferred.raise_if_received()
+            return failure
+        pending.starting = False
+        self.reader.blob_names = plan.found.state_keys
+        duration = time.perf_counter() - pending.started
+        self.last = (path, dataclasses.replace(self.last[1], duration_s=duration))
+        deferred.raise_if_received()  # the save is in flight: train completes it
+        return None
+
+    def _get_saver(self) -> ocp.Checkpointer:
+        if self._saver is None:
+            handler = storage.composite_handler(self.db_prefix, self.private)
+            timeout = self.options.write_timeout_s if self.options.async_save else None
+            self._saver = orbax_private.checkpointer(
+                self.db_prefix, handler, private=self.private, async_timeout_s=timeout
+            )
+        return self._saver
+
+    def _record_failure(
+        self,
+        epoch: int,
+        path: str,
+        err: BaseException | str,
+        processes: list[int] | None = None,
+        *,
+        count: bool = True,
+    ) -> CheckpointSaveError:
+        if isinstance(err, CheckpointSaveError):
+            failure = err
+        else:
+            failure = CheckpointSaveError(epoch, path, err, processes)
+            failure.__cause__ = err if isinstance(err, BaseException) else None
+        if count:
+            self.failures.append(failure)
+        else:
+            self.failures[-1] = failure
+        self.last = (path, Stats(epoch, error=str(failure), action=Action.FAILURE))
+        logger.debug("checkpoint failure recorded: %s", failure)
+        return failure
+
+    def finish(self) -> CheckpointSaveError | None:
+        """Waits for the save in flight; returns its failure, if any (recorded, not raised).
+
+        Interrupted (KeyboardInterrupt), the save stays in flight: the next call waits again.
+        """
+        pending = self._pending
+        if pending is None:
+            return None
+        deferred = preemption.DeferredInterrupt()
+        try:
+            if isinstance(self._saver, ocp.AsyncCheckpointer):
+                with deferred:  # Ctrl-C is raised once the save is done
+                    if pending.deadline is None:
+                        self._saver.wait_until_finished()
+                    else:  # on an object store
+                        storage.wait_bounded(self._saver, pending.db, pending.deadline)
+            if pending.starting and not is_committed(pending.db):
+                raise RuntimeError(
+                    f"a KeyboardInterrupt stopped the start of the save of epoch {pending.epoch}"
+                    "; nothing of it was committed"
+                )
+        except Exception as err:
+            self._pending = None
+            _orbax_errors.saving.discard(pending.db)
+            if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
+                self._remove_failed(pending.db)
+                put_back(pending.db, pending.superseded)
+            failure = self._record_failure(pending.epoch, pending.db, err)
+            if deferred.received:  # the KeyboardInterrupt goes up, not the failure: log it
+                logger.warning("Unable to write checkpoint for epoch %d: %s", pending.epoch, err)
+            deferred.raise_if_received()
+            return failure
+        self._pending = None
+        _orbax_errors.saving.discard(pending.db)
+        if pending.superseded:
+            remove_superseded(pending.superseded)
+        if self.last is not None and self.last[0] == pending.db:
+            commit = time.perf_counter() - pending.started
+            self.last = (pending.db, dataclasses.replace(self.last[1], commit_s=commit))
+        deferred.raise_if_received()
+        return None
+
+    def _abandon_saver(self, err: Exception) -> bool:
+        """After an object store stopped answering: drops the stuck Orbax saver; whether it did.
+
+        Its threads wait on the store and cannot be cancelled; the next save
+        makes a new saver, and the lock sweep removes what this one left.
+        """
+        if not isinstance(err, fs.StorageTimeoutError):
+            return False
+        self._saver = None
+        return True
+
+    def _remove_failed(self, path: str) -> None:
+        if self.deletes:
+            retention.remove_failed(path)
+
+    def load(
+        self,
+        path: str,
+        found: manifest.Manifest,
+        names: Sequence[str],
+        *,
+        targets: Mapping[str, Any] | None = None,
+    ) -> Workspace:
+        """Restores ``names`` through :attr:`reader`; the load is this node's last action."""
+        loaded, stats = self.reader.load(path, found, names, targets=targets)
+        self.last = (path, stats)
+        return loaded
+
+    def close(self) -> None:
+        """Releases Orbax's resources and the lock, without waiting for a save in flight."""
+        if self._saver is not None:
+            self._saver.close()
+        self._saver = None
+        self.reader.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
