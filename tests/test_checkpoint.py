@@ -256,3 +256,20 @@ def test_save_after_access_denied_writes_nothing(tmp_path, multinode):
     ckpt.save(1, {"x": jnp.ones(2)})
     ckpt.wait_until_finished()
     assert ckpt.committed_epochs() == [0, 1]
+
+
+@pytest.mark.parametrize("manager", [jaxjob.CheckpointManager, jaxjob.MultiNodeCheckpointManager])
+def test_both_managers_accept_an_options_object(tmp_path, manager):
+    """options=CheckpointOptions(...) configures either manager; beside it a keyword is refused."""
+    options = jaxjob.CheckpointOptions(async_save=False, timeout_s=7.0)
+    ckpt = manager(str(tmp_path), options=options)
+    assert ckpt.options is options and ckpt.timeout_s == 7.0
+    if manager is jaxjob.MultiNodeCheckpointManager:
+        ckpt.init(["local"])
+    ckpt.save(0, {"w": jnp.ones(2)})
+    assert not ckpt.has_pending() and ckpt.committed_epochs() == [0]  # async_save=False
+    ckpt.close()
+    with pytest.raises(ValueError, match=r"timeout_s=5 given beside options="):
+        manager(str(tmp_path), options=options, timeout_s=5)
+    with pytest.raises(TypeError, match=r"options must be a jaxjob.CheckpointOptions, got dict"):
+        manager(str(tmp_path), options={"timeout_s": 5})

@@ -87,7 +87,7 @@ def test_a_dead_holders_lock_is_taken_over(tmp_path, stale, caplog):
 def _zombie():
     """A child killed by SIGKILL and not reaped yet: state Z in /proc, kill(pid, 0) succeeds."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    start = lock._pid_start(child.pid)
+    start = lock.pid_start(child.pid)
     os.kill(child.pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while (lock.stat_fields(child.pid) or ["?"])[0] != "Z":

@@ -74,5 +74,18 @@ def test_readme_layout_lists_every_module():
     assert block == layout(), "README's Layout must be:\n" + layout()
 
 
-if __name__ == "__main__":
-    print(layout(), end="")
+def write_layout() -> None:
+    """Rewrites README's Layout tree from the package's module docstrings."""
+    with open(README) as f:
+        text = f.read()
+    found = re.search(r"## Layout\n\n```\n(jaxjob/\n.*?)^tests/", text, re.S | re.M)
+    text = text[: found.start(1)] + layout() + text[found.end(1) :]
+    with open(README, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":  # prints the Layout tree; with --write, puts it into README.md
+    if sys.argv[1:] == ["--write"]:
+        write_layout()
+    else:
+        print(layout(), end="")

@@ -37,18 +37,9 @@ Every read-modify-write of the record happens under an exclusive
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
-import datetime
-import errno
-import fcntl
-import json
-import os
-import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -56,9 +47,28 @@ import jax
 from jaxjob._src.base import faults, fs
 from jaxjob._src.base.errors import CheckpointInUseError
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.manager.lock_record import (
+    EXITED_STATES,
+    Holder,
+    LocalRecord,
+    Lost,
+    RemoteRecord,
+    pid_start,
+    stat_fields,
+)
 from jaxjob._src.multihost import hosts
 
-__all__ = ["LEASE_S", "LOCK_DIR", "Holder", "WriterLock", "acquire", "lock_path"]
+__all__ = [
+    "EXITED_STATES",
+    "LEASE_S",
+    "LOCK_DIR",
+    "Holder",
+    "WriterLock",
+    "acquire",
+    "lock_path",
+    "pid_start",
+    "stat_fields",
+]
 
 logger = get_logger(__name__)
 
@@ -76,204 +86,6 @@ def lock_path(db_prefix: str, node_name: str) -> str:
     return fs.join(db_prefix, LOCK_DIR, f"{node_name}.lock")
 
 
-EXITED_STATES = ("Z", "X", "x")  # /proc states of a process that has exited, not yet reaped
-
-
-def stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first), if readable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _pid_start(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (tells a reused pid apart), if known."""
-    fields = stat_fields(pid)
-    return fields[19] if fields is not None and len(fields) > 19 else None
-
-
-def _pid_dead(pid: int) -> bool:
-    """Whether ``pid`` is a zombie or dying: it exited (or was killed) but is not reaped yet.
-
-    Such a process holds no files and runs no code: its lock is free, though
-    ``kill(pid, 0)`` still succeeds until its parent (or init) reaps it.
-    """
-    fields = stat_fields(pid)
-    return fields is not None and bool(fields) and fields[0] in EXITED_STATES
-
-
-@dataclasses.dataclass(frozen=True)
-class Holder:
-    """Who holds a lock: host, pid, when it started, when it last renewed, a unique token."""
-
-    host: str
-    pid: int
-    pid_start: str | None
-    started: float
-    renewed: float
-    token: str
-    processes: int = 1
-
-    @classmethod
-    def me(cls) -> Holder:
-        """A record naming this process, renewed now."""
-        now = time.time()
-        pid = os.getpid()
-        return cls(
-            socket.gethostname(), pid, _pid_start(pid), now, now, uuid.uuid4().hex,
-            jax.process_count(),
-        )  # fmt: skip
-
-    def describe(self) -> str:
-        """``host 'h', pid 12, started 2026-01-01 10:00:00 UTC``."""
-        started = datetime.datetime.fromtimestamp(self.started, datetime.UTC)
-        job = f" (process 0 of a {self.processes}-process job)" if self.processes > 1 else ""
-        return f"host {self.host!r}, pid {self.pid}{job}, started {started:%Y-%m-%d %H:%M:%S} UTC"
-
-    def alive(self, lease_s: float, mine: set[str]) -> bool:
-        """Whether the holder still lives (``mine``: tokens this process holds)."""
-        if self.host == socket.gethostname():
-            if self.pid == os.getpid():
-                return self.token in mine
-            if self.pid_start is not None and _pid_start(self.pid) not in (None, self.pid_start):
-                return False
-            if _pid_dead(self.pid):
-                return False
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return True
-            return True
-        return time.time() - self.renewed < lease_s
-
-
-class _LocalRecord:
-    """The lock file on local (or network) disk; changes under an exclusive ``flock``.
-
-    A released lock's file is deleted, and its folder with the last lock in
-    it. A process that waited for the ``flock`` of a file deleted meanwhile
-    sees another inode at the path and starts over.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def change(
-        self, fn: Callable[[Holder | None], Holder | None], *, create: bool = False
-    ) -> Holder | None:
-        """Replaces the record by ``fn(record)`` atomically (None deletes it); returns it.
-
-        Args:
-            fn: The change.
-            create: Whether to create the lock folder (taking the lock);
-                otherwise a missing folder raises ``FileNotFoundError``.
-        """
-        while True:
-            fd = self._open(create)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                if _same_file(fd, self.path):
-                    return self._change(fd, fn)
-            finally:
-                os.close(fd)  # releases the flock
-
-    def _open(self, create: bool) -> int:
-        """Opens (creating) the lock file; ``create``: and its folder in the existing db_prefix."""
-        for _ in range(100):
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(os.path.dirname(self.path))
-            try:
-                return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                # another node's release removed the folder between our mkdir and open
-        raise OSError(f"could not create the lock file {self.path}: its folder keeps vanishing")
-
-    def _change(self, fd: int, fn: Callable[[Holder | None], Holder | None]) -> Holder | None:
-        new = fn(_parse(os.pread(fd, 1 << 16, 0).decode(errors="replace")))
-        if new is None:
-            os.unlink(self.path)
-            try:
-                os.rmdir(os.path.dirname(self.path))
-            except OSError as err:  # other nodes' locks are in it, or it is gone
-                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
-                    raise
-            return None
-        data = json.dumps(dataclasses.asdict(new)).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
-        os.fsync(fd)
-        return new
-
-
-def _same_file(fd: int, path: str) -> bool:
-    try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
-        return False
-
-
-class _RemoteRecord:
-    """The lock object on an object store: created only if absent, deleted to release."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def change(
-        self, fn: Callable[[Holder | None], Holder | None], *, create: bool = False
-    ) -> Holder | None:
-        """Replaces the record by ``fn(record)`` (None deletes it); returns it.
-
-        ``create`` is for the local record's signature: an object store has no folders.
-        """
-        current = _parse(fs.read_text(self.path)) if fs.exists(self.path) else None
-        new = fn(current)
-        if new is None:
-            fs.remove(self.path)
-        elif current is not None and new.token == current.token:
-            fs.write_text(self.path, json.dumps(dataclasses.asdict(new)))
-        else:
-            if current is not None:
-                fs.remove(self.path)
-            if not _create_only(self.path, json.dumps(dataclasses.asdict(new))):
-                raise _Lost(self.path)
-        return new
-
-
-class _Lost(Exception):
-    """Another writer created the lock object between our read and our write."""
-
-
-def _create_only(path: str, text: str) -> bool:
-    """Writes the object ``path`` only if it does not exist; False if it did."""
-    import fsspec
-
-    filesystem, _, (key,) = fsspec.get_fs_token_paths(path)
-    try:
-        if path.startswith("gs://"):
-            filesystem.pipe_file(key, text.encode(), mode="create")
-        else:
-            with filesystem.open(key, "xb") as f:
-                f.write(text.encode())
-    except FileExistsError:
-        return False
-    return True
-
-
-def _parse(text: str) -> Holder | None:
-    try:
-        doc = json.loads(text) if text.strip() else {}
-        return Holder(**doc) if doc else None
-    except (ValueError, TypeError):
-        return None
-
-
 _registry: dict[str, list[Any]] = {}  # lock path -> [WriterLock, managers sharing it]
 _registry_lock = threading.Lock()
 
@@ -284,7 +96,7 @@ class WriterLock:
     def __init__(self, db_prefix: str, node_name: str, *, lease_s: float = LEASE_S) -> None:
         self.path = lock_path(db_prefix, node_name)
         self.lease_s = lease_s
-        self._record = (_RemoteRecord if fs.is_remote(self.path) else _LocalRecord)(self.path)
+        self._record = (RemoteRecord if fs.is_remote(self.path) else LocalRecord)(self.path)
         self._holder: Holder | None = None
         self.lost: str | None = None  # why this process no longer holds the lock
         self._stop = threading.Event()
@@ -317,7 +129,7 @@ class WriterLock:
 
         try:
             self._holder = self._record.change(decide, create=True)
-        except _Lost:
+        except Lost:
             raise CheckpointInUseError(
                 f"{self.path} was taken by another writer just now"
             ) from None
