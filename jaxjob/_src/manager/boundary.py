@@ -2,15 +2,47 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 
-from jaxjob._src.manager.records import ProcessStats, SavePost, Stats
+from jaxjob._src.base.errors import CheckpointSaveError
+from jaxjob._src.checkpoint import codec
+from jaxjob._src.manager.records import ProcessStats, SavePost, Stats, failed_processes
 from jaxjob._src.multihost import hosts
 
-__all__ = ["gather_stats", "merge_stats", "mismatch"]
+__all__ = ["conclude", "gather_stats", "merge_stats", "mismatch"]
+
+
+def conclude(
+    posts: Sequence[SavePost],
+    epoch: int | None,
+    path: str | None,
+    previous: CheckpointSaveError | None,
+    problem: BaseException | None,
+    *,
+    private: bool,
+    record: Callable[..., CheckpointSaveError],
+) -> tuple[CheckpointSaveError | None, BaseException | None]:
+    """The previous save's failure and this save's problem on any process, from one node's posts.
+
+    A previous failure elsewhere is recorded through ``record`` (counted
+    once: replacing this process's own record of it). A problem is named
+    with the processes it happened on; a leaf refused here is raised as it is.
+    """
+    me = [0] if private else [jax.process_index()]
+    failed, text = failed_processes([p.previous for p in posts])
+    if failed and failed != me:
+        at = posts[failed[0]].previous_at
+        previous = record(at[0], at[1], text, failed, count=previous is None)
+    problems, text = failed_processes([p.problem for p in posts])
+    if problems == me or isinstance(problem, codec.UnstorableLeafError):
+        return previous, problem  # a refused leaf is raised as it is wherever it is refused
+    if problems:
+        return previous, CheckpointSaveError(epoch, path, text, problems)
+    disagreement = mismatch(posts)
+    return previous, (ValueError(disagreement) if disagreement else None)
 
 
 def mismatch(posts: Sequence[SavePost]) -> str | None:

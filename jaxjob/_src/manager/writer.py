@@ -15,8 +15,6 @@ the save in flight. Failures are recorded in :attr:`NodeWriter.failures`.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,120 +25,25 @@ import orbax.checkpoint as ocp
 from jaxjob._src.base import fs, preemption
 from jaxjob._src.base.errors import CheckpointSaveError
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import codec, manifest, storage
+from jaxjob._src.checkpoint import manifest, storage
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace
 from jaxjob._src.internals import orbax_private
 from jaxjob._src.manager import boundary, lock, retention
+from jaxjob._src.manager.orbax_log import saving
 from jaxjob._src.manager.reader import NodeReader
 from jaxjob._src.manager.records import (
     Action,
-    LeafCheck,
     SavePost,
     Stats,
-    error_text,
-    failed_processes,
 )
+from jaxjob._src.manager.save_plan import Pending, SavePlan, post_plan, prepare_prefix
 from jaxjob._src.manager.shared import CheckpointOptions
 from jaxjob._src.manager.supersede import move_aside, put_back, remove_superseded
 
 __all__ = ["NodeWriter", "SavePlan"]
 
 logger = get_logger(__name__)
-
-
-class _OrbaxSaveErrors(logging.Filter):
-    """Moves Orbax's tracebacks of a failing jaxjob save from absl's log to jaxjob's DEBUG.
-
-    While a save of this process is in flight, Orbax's background threads log
-    each failure at ERROR with its traceback (several records, hundreds of
-    lines); jaxjob reports the failure itself, in one line, when it surfaces.
-    Other Orbax records, and all of them while no save is in flight, pass.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.saving: set[str] = set()  # the directories of this process's saves in flight
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """False (re-logged at DEBUG) for an Orbax traceback during a save."""
-        if (
-            not self.saving
-            or record.levelno < logging.WARNING
-            or not record.exc_info
-            or not _from_orbax(record)
-        ):
-            return True
-        logger.debug("Orbax: %s", record.getMessage(), exc_info=record.exc_info)
-        return False
-
-
-_ORBAX_SOURCE = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
-
-
-def _from_orbax(record: logging.LogRecord) -> bool:
-    """Whether Orbax logged ``record`` or its traceback passes through Orbax.
-
-    The record's own ``pathname`` names Orbax only when absl's logger class
-    is installed before Orbax's logger is made (it depends on import order),
-    so the traceback is read too.
-    """
-    if _ORBAX_SOURCE in record.pathname:
-        return True
-    traceback = record.exc_info[2] if record.exc_info else None
-    while traceback is not None:
-        if _ORBAX_SOURCE in traceback.tb_frame.f_code.co_filename:
-            return True
-        traceback = traceback.tb_next
-    return False
-
-
-_orbax_errors = _OrbaxSaveErrors()
-logging.getLogger("absl").addFilter(_orbax_errors)
-
-
-@dataclasses.dataclass
-class Pending:
-    """A save of this process: started, or being prepared."""
-
-    epoch: int
-    db: str
-    started: float
-    superseded: str | None = None
-    deadline: float | None = None  # on object stores: when its background write has failed
-    starting: bool = False  # Orbax's save() has not returned: an interrupt may have stopped it
-
-
-@dataclasses.dataclass
-class SavePlan:
-    """One process's part of one node's save, prepared before the processes agree to start it.
-
-    ``post`` is what this process tells the others; ``timeout_s`` is how
-    long to wait for their posts.
-    """
-
-    epoch: int
-    path: str
-    pending: Pending
-    timeout_s: float
-    previous: CheckpointSaveError | None = None
-    problem: Exception | None = None
-    found: manifest.Manifest | None = None
-    encoded: Any = None
-    digests: dict[str, str] = dataclasses.field(default_factory=dict)
-    bytes: int | None = None
-    post: SavePost = dataclasses.field(default_factory=SavePost)
-
-
-def _prepare_prefix(db_prefix: str) -> None:
-    """Creates ``db_prefix``, raising the OSError's own type with an actionable message."""
-    try:
-        fs.makedirs(db_prefix)
-    except OSError as err:
-        raise type(err)(
-            f"checkpoint db_prefix {db_prefix!r} is not a writable directory "
-            f"({err.strerror or err}); pass a directory you can write to"
-        ) from err
 
 
 class NodeWriter:
@@ -226,7 +129,7 @@ class NodeWriter:
             return self._lock.lost()
         try:
             if self.private or jax.process_count() == 1:  # else process 0 creates it
-                _prepare_prefix(self.db_prefix)
+                prepare_prefix(self.db_prefix)
             self._lock = lock.acquire(
                 self.db_prefix,
                 self.node_name,
@@ -269,7 +172,7 @@ class NodeWriter:
             )
             pending = Pending(epoch, path, time.perf_counter())
             plan = SavePlan(epoch, path, pending, self.options.timeout_s, problem=denied)
-            return self._post(plan)
+            return post_plan(plan)
         unwritable = self.take_lock()
         started = self.pending_started()
         previous = self.finish()
@@ -281,7 +184,7 @@ class NodeWriter:
             self._encode(plan, workspace, outputs or {})
         except Exception as err:
             plan.problem = err
-        return self._post(plan)
+        return post_plan(plan)
 
     def _check_process(self) -> None:
         if self.private and jax.process_index() != self.owner_process:
@@ -303,32 +206,10 @@ class NodeWriter:
         plan.found = dataclasses.replace(found, metrics=metrics)
         plan.encoded, plan.digests = storage.encode(plan.found, flat, self.private)
         plan.bytes = storage.nbytes(plan.encoded)
-        _prepare_prefix(self.db_prefix)
+        prepare_prefix(self.db_prefix)
         self.reader.forget(plan.path)
         if self.deletes:
             plan.pending.superseded = move_aside(plan.path)
-
-    def _post(self, plan: SavePlan) -> SavePlan:
-        """Completes ``plan`` with its post: outcome, leaves to check, and this save's stats."""
-        local = {
-            s.path: LeafCheck(s.kind, s.dtype, tuple(s.shape))
-            for s in (plan.found.leaves.values() if plan.found else ())
-            if s.host_local
-        }
-        stats = Stats(
-            plan.epoch,
-            plan.bytes,
-            error_text(plan.problem),
-            time.perf_counter() - plan.pending.started,
-        )
-        plan.post = SavePost.outcome(
-            plan.previous,
-            plan.problem,
-            host_local=local,
-            replicated=plan.digests,
-            stats={plan.path: stats},
-        )
-        return plan
 
     def conclude(self, plan: SavePlan, posts: Sequence[SavePost]) -> Exception | None:
         """Concludes from every process's post of this node (in process order) whether it starts.
@@ -352,19 +233,9 @@ class NodeWriter:
         return self._conclude(None, None, previous, None, posts)[0]
 
     def _conclude(self, epoch, path, previous, problem, posts):
-        """The previous save's failure and this save's problem on any process, from the posts."""
-        me = [0] if self.private else [jax.process_index()]
-        failed, text = failed_processes([p.previous for p in posts])
-        if failed and failed != me:
-            at = posts[failed[0]].previous_at
-            previous = self._record_failure(at[0], at[1], text, failed, count=previous is None)
-        problems, text = failed_processes([p.problem for p in posts])
-        if problems == me or isinstance(problem, codec.UnstorableLeafError):
-            return previous, problem  # a refused leaf is raised as it is wherever it is refused
-        if problems:
-            return previous, CheckpointSaveError(epoch, path, text, problems)
-        disagreement = boundary.mismatch(posts)
-        return previous, (ValueError(disagreement) if disagreement else None)
+        return boundary.conclude(
+            posts, epoch, path, previous, problem, private=self.private, record=self.record_failure
+        )
 
     def start(self, plan: SavePlan, *, cancel: bool = False) -> None:
         """Starts the agreed save, or gives it up if ``plan.problem`` (or ``cancel``) says so.
@@ -380,7 +251,7 @@ class NodeWriter:
         else:
             put_back(plan.path, plan.pending.superseded)
             if problem is not None:
-                self._record_failure(plan.epoch, plan.path, problem)
+                self.record_failure(plan.epoch, plan.path, problem)
         if problem is not None:
             raise problem
         if plan.previous is not None:
@@ -394,17 +265,17 @@ class NodeWriter:
         try:
             args = storage.save_args(plan.encoded, plan.found)
             logger.debug("Saving epoch %d to %s", epoch, path)
-            _orbax_errors.saving.add(path)
+            saving.add(path)
             pending.starting, self._pending = True, pending  # a KeyboardInterrupt finishes it
             with deferred:  # Ctrl-C is raised once Orbax has started the save
                 pending.deadline = storage.start_bounded(self._get_saver(), path, args, plan.bytes)
         except Exception as err:
             self._pending = None
-            _orbax_errors.saving.discard(path)
+            saving.discard(path)
             if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
                 self._remove_failed(path)
                 put_back(path, pending.superseded)
-            failure = self._record_failure(epoch, path, err)
+            failure = self.record_failure(epoch, path, err)
             deferred.raise_if_received()
             return failure
         pending.starting = False
@@ -423,7 +294,7 @@ class NodeWriter:
             )
         return self._saver
 
-    def _record_failure(
+    def record_failure(
         self,
         epoch: int,
         path: str,
@@ -468,17 +339,17 @@ class NodeWriter:
                 )
         except Exception as err:
             self._pending = None
-            _orbax_errors.saving.discard(pending.db)
+            saving.discard(pending.db)
             if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
                 self._remove_failed(pending.db)
                 put_back(pending.db, pending.superseded)
-            failure = self._record_failure(pending.epoch, pending.db, err)
+            failure = self.record_failure(pending.epoch, pending.db, err)
             if deferred.received:  # the KeyboardInterrupt goes up, not the failure: log it
                 logger.warning("Unable to write checkpoint for epoch %d: %s", pending.epoch, err)
             deferred.raise_if_received()
             return failure
         self._pending = None
-        _orbax_errors.saving.discard(pending.db)
+        saving.discard(pending.db)
         if pending.superseded:
             remove_superseded(pending.superseded)
         if self.last is not None and self.last[0] == pending.db:
