@@ -9,7 +9,7 @@ from typing import Any
 
 from jaxjob._src.base import fs
 from jaxjob._src.checkpoint.layout import is_committed
-from jaxjob._src.internals import orbax_private
+from jaxjob._src.internals import orbax_files
 
 __all__ = ["CheckpointInfo", "list_checkpoints"]
 
@@ -67,7 +67,7 @@ def list_checkpoints(db_prefix: str) -> list[CheckpointInfo]:
         if not match or not fs.is_dir(path):
             continue
         committed = not match.group("tmp") and is_committed(path)
-        started, commit = orbax_private.commit_times(path)
+        started, commit = orbax_files.commit_times(path)
         save_s = commit - started if started and commit and committed else None
         node, epoch = match.group("node"), int(match.group("epoch"))
         rows.append(CheckpointInfo(node, epoch, committed, path, fs.size(path), save_s, commit))
