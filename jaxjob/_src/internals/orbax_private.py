@@ -42,8 +42,7 @@ Replacing Orbax's functions (the two above: ``build_kvstore_tspec`` and
 :func:`checkpointer`, which makes every Orbax checkpointer jaxjob uses (the
 managers, ``restore``, ``verify``), calls it. Importing this module only checks
 the Orbax version and registers the manifest item's save and restore
-arguments. JAX's
-internals (the ``jax.distributed`` client) are in
+arguments. JAX's internals (the ``jax.distributed`` client) are in
 :mod:`jaxjob._src.internals.jax_private`.
 """
 
