@@ -38,7 +38,6 @@ ORBAX_PRIVATE_USERS = {
     "checkpoint.listing",  # Orbax's commit times
     "checkpoint.restore",
     "checkpoint.storage",
-    "checkpoint.verify",
     "manager.checkpoint_manager",
 }
 NO_ORBAX_LAYERS = ("base", "core", "multihost", "internals.jax_private")

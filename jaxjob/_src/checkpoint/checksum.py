@@ -159,13 +159,19 @@ def _load_doc(file: str, epoch: int, path: str) -> dict[str, Any]:
 def read_records(path: str, found: Any) -> dict[str, list[Record]]:
     """Every process's checksum records of the checkpoint ``path``, by stored name.
 
-    A checkpoint saved without checksums has none.
-
     Raises:
-        CorruptCheckpointError: If a checksum file is missing or damaged.
+        CorruptCheckpointError: If a checksum file is missing or damaged, or
+            the manifest records none (every format-3 checkpoint has them).
     """
+    if found.checksums is None:
+        raise corrupt(
+            found.epoch,
+            path,
+            "the manifest records no checksums (format 3 always does): it was edited or "
+            "written by another tool, so no leaf can be checked; save the epoch again",
+        )
     records: dict[str, list[Record]] = {}
-    for name in (found.checksums or {}).get("files", []):
+    for name in found.checksums.get("files", []):
         if not isinstance(name, str) or not FILE_NAME.fullmatch(name):
             raise corrupt(found.epoch, path, f"the manifest names a checksum file {name!r}")
         file = fs.join(path, "jaxjob", name)
