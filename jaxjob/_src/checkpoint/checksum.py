@@ -84,15 +84,21 @@ def _index(index: tuple[slice, ...], shape: tuple[int, ...]) -> Index:
     return tuple(s.indices(d)[:2] for s, d in zip(index, shape, strict=True))
 
 
-def host_shards(value: Any) -> list[tuple[Index, np.ndarray]]:
-    """The host copies of the shards of a stored leaf that this process writes."""
+def host_shards(value: Any, *, every_replica: bool = False) -> list[tuple[Index, np.ndarray]]:
+    """The host copies of the shards of a stored leaf that this process holds.
+
+    Args:
+        value: A stored leaf (a ``jax.Array``, a NumPy array or a scalar).
+        every_replica: Every shard this process holds; False: only those it
+            writes (replica 0).
+    """
     if isinstance(value, jax.Array):
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
             value = jax.random.key_data(value)
         return [
             (_index(s.index, value.shape), np.asarray(s.data))
             for s in value.addressable_shards
-            if s.replica_id == 0
+            if every_replica or s.replica_id == 0
         ]
     array = np.asarray(value)
     return [(tuple((0, d) for d in array.shape), array)]
@@ -249,7 +255,7 @@ def mismatches(value: Any, records: Iterable[Record]) -> tuple[list[Record], int
     Returns:
         The mismatching records and how many records were checked.
     """
-    pieces = [(index, data) for index, data in _held(value)]
+    pieces = host_shards(value, every_replica=True)
     bad, checked = [], 0
     for record in records:
         ranges, crc, _ = record
@@ -263,18 +269,6 @@ def mismatches(value: Any, records: Iterable[Record]) -> tuple[list[Record], int
                     bad.append(record)
                 break
     return bad, checked
-
-
-def _held(value: Any) -> list[tuple[Index, np.ndarray]]:
-    """Every shard of ``value`` this process holds (any replica), on the host."""
-    if isinstance(value, jax.Array):
-        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-            value = jax.random.key_data(value)
-        return [
-            (_index(s.index, value.shape), np.asarray(s.data)) for s in value.addressable_shards
-        ]
-    array = np.asarray(value)
-    return [(tuple((0, d) for d in array.shape), array)]
 
 
 def key_path(found: Any, item: str, stored: str) -> str:
