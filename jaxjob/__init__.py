@@ -81,11 +81,7 @@ def _resolve(name: str) -> Any:
 
 
 class _Package(types.ModuleType):
-    """The package module: public names load on first access.
-
-    Importing a submodule sets it as an attribute of the package; a public
-    name that is also a submodule's name (``restore``) keeps the public object.
-    """
+    """The package module: public names load on first access."""
 
     def __getattr__(self, name: str) -> Any:
         if name not in __all__:
@@ -93,11 +89,6 @@ class _Package(types.ModuleType):
         value = _resolve(name)
         self.__dict__[name] = value
         return value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and name in _EXPORTS:
-            value = getattr(value, name)  # the submodule jaxjob.restore: keep jaxjob.restore()
-        super().__setattr__(name, value)
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(__all__))

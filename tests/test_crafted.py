@@ -17,7 +17,7 @@ import pytest
 from test_checksum import flip_file, largest_data_file
 
 import jaxjob
-from jaxjob._src.checkpoint import checksum
+from jaxjob._src.checkpoint import checksum, verify
 
 JAXJOB = os.path.dirname(jaxjob.__file__)
 PAYLOAD = """
@@ -190,6 +190,19 @@ def test_checksum_file_names_leaving_the_checkpoint_are_refused(saved, tmp_path)
         jaxjob.restore(path)
     (line,) = checksum.verify_checkpoint(path)
     assert "names a checksum file" in line
+
+
+def test_a_manifest_without_checksums_is_refused(saved):
+    """A manifest stripped of its checksum records is corrupt: restore raises, each verify says."""
+    path = os.path.join(saved, "local.1")
+    _edit_manifest(path, lambda doc: doc.pop("checksums"))
+    expected = "is corrupt: the manifest records no checksums (format 3 always does)"
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=re.escape(expected)):
+        jaxjob.restore(path)
+    (line,) = verify.verify_checkpoint(path)
+    assert expected in line
+    (line,) = jaxjob.CheckpointManager(saved).verify(1)
+    assert expected in line
 
 
 @pytest.mark.parametrize("which", ["manifest", "data"])

@@ -12,12 +12,14 @@ import pytest
 import jaxjob
 
 SRC = os.path.join(os.path.dirname(jaxjob.__file__), "_src")
-MODULES = 61  # .py files under jaxjob/_src, the layers' __init__.py included
+MODULES = 71  # .py files under jaxjob/_src, the layers' __init__.py included
 
 # layer -> the layers its modules may import ("internals.jax_private": that module only)
 ALLOWED = {
     "internals.jax_private": set(),
-    "internals.orbax_private": {"base"},
+    "internals.orbax_private": {"base", "internals.restore_buffers"},
+    "internals.orbax_files": {"base", "internals.orbax_private"},
+    "internals.restore_buffers": set(),  # NumPy and TensorStore only
     "base": {"internals.jax_private"},  # log.py: the process index of each line
     "core": {"base"},
     "multihost": {"base", "internals.jax_private"},
@@ -28,14 +30,14 @@ ALLOWED = {
     "cli": None,  # anything
     "testing": None,
 }
-# The modules that may import internals.orbax_private, below cli and testing (which may):
-# the ones opening Orbax checkpoints or reading Orbax's own files.
+# The modules that may import internals.orbax_private or internals.orbax_files, below cli and
+# testing (which may) and outside internals: the ones opening Orbax checkpoints or reading Orbax's
+# own files.
 ORBAX_PRIVATE_USERS = {
     "checkpoint.checksum",  # verify_checkpoint's reader
     "checkpoint.listing",  # Orbax's commit times
     "checkpoint.restore",
     "checkpoint.storage",
-    "checkpoint.verify",
     "manager.reader",
     "manager.writer",
 }
@@ -136,13 +138,14 @@ def test_each_module_imports_only_the_layers_below_its_own():
 
 
 def test_only_the_modules_doing_orbax_io_import_orbax_private():
-    """internals.orbax_private is imported by the Orbax I/O modules only (cli and testing aside)."""
+    """internals.orbax_* is imported by the Orbax I/O modules only (cli and testing aside)."""
     users = set()
     for module, tree in SOURCES.items():
         for _, imported, names in _imports(tree):
-            if "internals.orbax_private" in _targets(imported, names):
+            if any(t.startswith("internals.orbax_") for t in _targets(imported, names)):
                 users.add(module)
-    assert {m for m in users if ALLOWED[_layer_of(m)] is not None} == ORBAX_PRIVATE_USERS
+    outside = {m for m in users if _layer_of(m) != "internals"}
+    assert {m for m in outside if ALLOWED[_layer_of(m)] is not None} == ORBAX_PRIVATE_USERS
 
 
 @pytest.mark.parametrize("layer", NO_ORBAX_LAYERS)

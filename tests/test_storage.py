@@ -226,9 +226,9 @@ def test_fs_append_text_creates_appends_and_isolates_a_torn_line(tmp_path):
 )
 def test_restore_buffers_are_aligned_so_cpu_device_put_uses_them_in_place(shape, dtype):
     """Read buffers start on 64 bytes: XLA's CPU client then takes them without a copy."""
-    from jaxjob._src.internals import orbax_private
+    from jaxjob._src.internals import restore_buffers
 
-    out = orbax_private.aligned_zeros(shape, jnp.dtype(dtype))
+    out = restore_buffers.aligned_zeros(shape, jnp.dtype(dtype))
     assert out.shape == shape and out.dtype == jnp.dtype(dtype) and not out.any()
     assert out.flags.c_contiguous and out.flags.writeable
     if out.size:  # an empty array has no data to place

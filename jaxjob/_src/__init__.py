@@ -4,7 +4,7 @@ From the bottom up, each layer importing only those below it
 (``tests/test_layers.py`` checks it):
 
 * ``internals``: every use of JAX's and Orbax's private APIs (``jax_private``
-  imports nothing of jaxjob, ``orbax_private`` imports ``base``).
+  imports nothing of jaxjob, ``orbax_private`` and ``orbax_files`` import ``base``).
 * ``base``: errors, logging, paths and files, fail points, signals.
 * ``core``: the pure job model: workspace, tasks, jobs, sessions.
 * ``multihost``: waits between processes, ``jax.distributed``, ``jaxjob launch``.

@@ -84,15 +84,21 @@ def _index(index: tuple[slice, ...], shape: tuple[int, ...]) -> Index:
     return tuple(s.indices(d)[:2] for s, d in zip(index, shape, strict=True))
 
 
-def host_shards(value: Any) -> list[tuple[Index, np.ndarray]]:
-    """The host copies of the shards of a stored leaf that this process writes."""
+def host_shards(value: Any, *, every_replica: bool = False) -> list[tuple[Index, np.ndarray]]:
+    """The host copies of the shards of a stored leaf that this process holds.
+
+    Args:
+        value: A stored leaf (a ``jax.Array``, a NumPy array or a scalar).
+        every_replica: Every shard this process holds; False: only those it
+            writes (replica 0).
+    """
     if isinstance(value, jax.Array):
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
             value = jax.random.key_data(value)
         return [
             (_index(s.index, value.shape), np.asarray(s.data))
             for s in value.addressable_shards
-            if s.replica_id == 0
+            if every_replica or s.replica_id == 0
         ]
     array = np.asarray(value)
     return [(tuple((0, d) for d in array.shape), array)]
@@ -159,13 +165,19 @@ def _load_doc(file: str, epoch: int, path: str) -> dict[str, Any]:
 def read_records(path: str, found: Any) -> dict[str, list[Record]]:
     """Every process's checksum records of the checkpoint ``path``, by stored name.
 
-    A checkpoint saved without checksums has none.
-
     Raises:
-        CorruptCheckpointError: If a checksum file is missing or damaged.
+        CorruptCheckpointError: If a checksum file is missing or damaged, or
+            the manifest records none (every format-3 checkpoint has them).
     """
+    if found.checksums is None:
+        raise corrupt(
+            found.epoch,
+            path,
+            "the manifest records no checksums (format 3 always does): it was edited or "
+            "written by another tool, so no leaf can be checked; save the epoch again",
+        )
     records: dict[str, list[Record]] = {}
-    for name in (found.checksums or {}).get("files", []):
+    for name in found.checksums.get("files", []):
         if not isinstance(name, str) or not FILE_NAME.fullmatch(name):
             raise corrupt(found.epoch, path, f"the manifest names a checksum file {name!r}")
         file = fs.join(path, "jaxjob", name)
@@ -243,7 +255,7 @@ def mismatches(value: Any, records: Iterable[Record]) -> tuple[list[Record], int
     Returns:
         The mismatching records and how many records were checked.
     """
-    pieces = [(index, data) for index, data in _held(value)]
+    pieces = host_shards(value, every_replica=True)
     bad, checked = [], 0
     for record in records:
         ranges, crc, _ = record
@@ -257,18 +269,6 @@ def mismatches(value: Any, records: Iterable[Record]) -> tuple[list[Record], int
                     bad.append(record)
                 break
     return bad, checked
-
-
-def _held(value: Any) -> list[tuple[Index, np.ndarray]]:
-    """Every shard of ``value`` this process holds (any replica), on the host."""
-    if isinstance(value, jax.Array):
-        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-            value = jax.random.key_data(value)
-        return [
-            (_index(s.index, value.shape), np.asarray(s.data)) for s in value.addressable_shards
-        ]
-    array = np.asarray(value)
-    return [(tuple((0, d) for d in array.shape), array)]
 
 
 def key_path(found: Any, item: str, stored: str) -> str:

@@ -43,7 +43,6 @@ __all__ = [
     "SharedCodec",
     "UnstorableLeafError",
     "flatten",
-    "leaf_names",
     "unflatten",
 ]
 
@@ -206,7 +205,7 @@ def _unkey(key: Any) -> Any:
     return key
 
 
-def _children(tree: Any) -> list[tuple[Any, Any]]:
+def _pytree_children(tree: Any) -> list[tuple[Any, Any]]:
     """One level of a pytree node, in JAX's order: ``(key entry, child)`` pairs."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)
     return [(path[0], child) for path, child in flat]
@@ -240,7 +239,7 @@ def flatten(
             name = f"l{next(counter)}"
             leaves.append((name, node, path))
             return {"leaf": name}
-        children = _children(node)
+        children = _pytree_children(node)
         keyless = bool(children) and all(_entry_key(e) is None for e, _ in children)
         if type(node) in (list, tuple) or (type(node) is not dict and keyless):
             kind = "tuple" if type(node) is tuple else "list"
@@ -266,16 +265,6 @@ def unflatten(structure: Any, leaves: Mapping[str, Any]) -> Any:
     if "tuple" in structure:
         return tuple(unflatten(v, leaves) for v in structure["tuple"])
     return [unflatten(v, leaves) for v in structure["list"]]
-
-
-def leaf_names(structure: Any) -> list[str]:
-    """Stored names of the leaves under a JSON structure, in order."""
-    if "leaf" in structure:
-        return [structure["leaf"]]
-    if "dict" in structure:
-        return [n for _, v in structure["dict"] for n in leaf_names(v)]
-    children = structure.get("tuple", structure.get("list", []))
-    return [n for v in children for n in leaf_names(v)]
 
 
 # ---- codecs ---------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from jaxjob._src.base.checks import is_int
+
 if TYPE_CHECKING:
     from jaxjob._src.checkpoint.codec import LeafSpec
 
@@ -109,7 +111,7 @@ def row_for_this_process(host_map: HostMap | None, saved_count: int, where: str)
             )
         return None
     row = host_map(me) if callable(host_map) else host_map[me]
-    if isinstance(row, bool) or not isinstance(row, int | np.integer) or not 0 <= row < saved_count:
+    if not is_int(row, int | np.integer) or not 0 <= row < saved_count:
         raise ValueError(
             f"host_map gave {row!r} for process {me}; expected an int in [0, {saved_count}) "
             f"(the checkpoint was saved by {saved_count} processes)"

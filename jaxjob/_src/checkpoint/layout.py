@@ -5,12 +5,14 @@ from __future__ import annotations
 import numbers
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxjob._src.base import fs
+from jaxjob._src.base.checks import is_int
 
 __all__ = [
     "COMMIT_MARKER",
+    "Entry",
     "check_epoch",
     "check_node_name",
     "committed_epochs",
@@ -18,9 +20,41 @@ __all__ = [
     "db_name",
     "get_ckpt_filename",
     "is_committed",
+    "parse_name",
 ]
 
 COMMIT_MARKER = "commit_success.txt"  # Orbax's; written last, also by jaxjob's durable rename
+# <node>.<epoch>, or Orbax's temporary directory of a save in flight: <node>.<epoch>.orbax-...
+_ENTRY = re.compile(r"(?P<node>.+)\.(?P<epoch>\d+)(?P<tmp>\.orbax-checkpoint-tmp.*)?")
+
+
+class Entry(NamedTuple):
+    """A checkpoint directory's name, parsed (``tmp``: Orbax's temporary directory of a save)."""
+
+    node: str
+    epoch: int
+    tmp: bool
+
+
+def parse_name(name: str) -> Entry | None:
+    """The node and epoch a directory name ``<node>.<epoch>[.orbax-checkpoint-tmp...]`` holds.
+
+    The node is the longest prefix that leaves ``.<epoch>``: ``a.1.5`` is epoch
+    5 of node ``a.1``.
+
+    Returns:
+        None if ``name`` is not a checkpoint directory's name.
+
+    Example:
+        >>> parse_name("trainer.1.5"), parse_name("local.3.orbax-checkpoint-tmp-9")
+        (Entry(node='trainer.1', epoch=5, tmp=False), Entry(node='local', epoch=3, tmp=True))
+        >>> parse_name("metadata.json") is None
+        True
+    """
+    match = _ENTRY.fullmatch(name)
+    if match is None:
+        return None
+    return Entry(match.group("node"), int(match.group("epoch")), match.group("tmp") is not None)
 
 
 def check_epoch(epoch: Any, argument: str = "epoch") -> int:
@@ -36,7 +70,7 @@ def check_epoch(epoch: Any, argument: str = "epoch") -> int:
         ...
         ValueError: epoch must be >= 0, got -1
     """
-    if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral):
+    if not is_int(epoch, numbers.Integral):
         raise TypeError(f"{argument} must be an int >= 0, got {epoch!r} ({type(epoch).__name__})")
     if epoch < 0:
         raise ValueError(f"{argument} must be >= 0, got {epoch!r}")
@@ -100,12 +134,14 @@ def committed_epochs(db_prefix: str, node_name: str, path_prefix: str | None = N
     """
     template = db_name(0, node_name, db_prefix, path_prefix)
     directory, _, base = template.rpartition("/")
-    pattern = re.compile(re.escape(base[:-1]) + r"(\d+)")
+    stem = base[: -len(".0")]  # the directory names' node part, with path_prefix's tail
     epochs = []
     for entry in fs.listdir(directory or "/"):
-        match = pattern.fullmatch(entry)
-        if match and is_committed(fs.join(directory, entry)):
-            epochs.append(int(match.group(1)))
+        parsed = parse_name(entry)
+        if parsed is None or parsed.node != stem or parsed.tmp:
+            continue
+        if is_committed(fs.join(directory, entry)):
+            epochs.append(parsed.epoch)
     return sorted(epochs)
 
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from typing import Any
 
 from jaxjob._src.base import fs
-from jaxjob._src.checkpoint.layout import is_committed
-from jaxjob._src.internals import orbax_private
+from jaxjob._src.checkpoint.layout import is_committed, parse_name
+from jaxjob._src.internals import orbax_files
 
 __all__ = ["CheckpointInfo", "list_checkpoints"]
-
-_ENTRY = re.compile(r"(?P<node>.+)\.(?P<epoch>\d+)(?P<tmp>\.orbax-checkpoint-tmp.*)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,15 +59,18 @@ def list_checkpoints(db_prefix: str) -> list[CheckpointInfo]:
     prefix = fs.normalize(db_prefix, "db_prefix")
     rows = []
     for entry in fs.listdir(prefix):
-        match = _ENTRY.fullmatch(entry)
+        parsed = parse_name(entry)
         path = fs.join(prefix, entry)
-        if not match or not fs.is_dir(path):
+        if not parsed or not fs.is_dir(path):
             continue
-        committed = not match.group("tmp") and is_committed(path)
-        started, commit = orbax_private.commit_times(path)
+        committed = not parsed.tmp and is_committed(path)
+        started, commit = orbax_files.commit_times(path)
         save_s = commit - started if started and commit and committed else None
-        node, epoch = match.group("node"), int(match.group("epoch"))
-        rows.append(CheckpointInfo(node, epoch, committed, path, fs.size(path), save_s, commit))
+        rows.append(
+            CheckpointInfo(
+                parsed.node, parsed.epoch, committed, path, fs.size(path), save_s, commit
+            )
+        )
     if not rows:
         raise FileNotFoundError(f"no checkpoint directories under {prefix!r}")
     return sorted(rows, key=lambda r: (r.node, r.epoch, not r.committed))

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 
 from jaxjob._src.base import fs
-from jaxjob._src.checkpoint import checksum, codec
+from jaxjob._src.checkpoint import checksum, codec, keypaths
 
 __all__ = ["FORMAT", "MANIFEST_FILE", "MANIFEST_ITEM", "Manifest", "build", "read"]
 
@@ -78,7 +78,8 @@ class Manifest:
 
     def specs(self, item: str, name: str) -> list[codec.LeafSpec]:
         """The leaves of ``name`` in ``item``, in order."""
-        return [self.leaves[n] for n in codec.leaf_names(self.structure(item)[name])]
+        structure = self.structure(item)[name]
+        return [self.leaves[n] for _, n in keypaths.leaf_names(structure)]
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document stored in the checkpoint, carrying its own checksum."""

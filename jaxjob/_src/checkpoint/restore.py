@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,14 +12,19 @@ from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import keypaths, manifest, storage
 from jaxjob._src.checkpoint.hostlocal import HostMap
-from jaxjob._src.checkpoint.layout import check_epoch, committed_epochs, db_name, is_committed
+from jaxjob._src.checkpoint.layout import (
+    check_epoch,
+    committed_epochs,
+    db_name,
+    is_committed,
+    parse_name,
+)
 from jaxjob._src.core.workspace import Workspace
 from jaxjob._src.internals import orbax_private
 
 __all__ = ["checkpoint_dirs", "restore"]
 
 logger = get_logger(__name__)
-_ENTRY = re.compile(r"(.+)\.(\d+)")
 _RETRIES = 3  # listings of the latest epoch before a restore racing retention gives up
 
 
@@ -28,7 +32,7 @@ def _nodes_under(db_prefix: str) -> list[str]:
     entries = fs.listdir(db_prefix)
     if not entries:
         raise FileNotFoundError(f"no checkpoint directory or db_prefix at {db_prefix!r}")
-    return sorted({m.group(1) for e in entries if (m := _ENTRY.fullmatch(e))})
+    return sorted({p.node for e in entries if (p := parse_name(e)) and not p.tmp})
 
 
 def checkpoint_dirs(path: str | os.PathLike, epoch: int | None, node_name: str | None) -> list[str]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 
 from jaxjob._src.base import fs
-from jaxjob._src.checkpoint import checksum, keypaths, manifest, storage
+from jaxjob._src.checkpoint import checksum, manifest
 from jaxjob._src.checkpoint.layout import is_committed
 from jaxjob._src.checkpoint.listing import list_checkpoints
-from jaxjob._src.internals import orbax_private
 
 __all__ = ["checkpoints_under", "verify", "verify_checkpoint"]
 
@@ -67,41 +66,7 @@ def verify_checkpoint(path: str) -> list[str]:
     if not is_committed(path):
         return [f"{path}: not committed (no commit marker): an interrupted or unfinished save"]
     try:
-        found = manifest.read(path)
+        manifest.read(path)
     except (OSError, ValueError) as err:
         return [f"{path}: manifest unreadable: {err}"]
-    if found.checksums is not None:  # every leaf read and checked against its checksums
-        return checksum.verify_checkpoint(path)
-    handler = storage.composite_handler(path, found.owner_process is not None)
-    checkpointer = orbax_private.checkpointer(
-        path, handler, private=found.owner_process is not None
-    )
-    try:
-        return [
-            line
-            for item in (storage.STATE, storage.OUTPUTS)
-            for line in _check_item(checkpointer, path, found, item)
-        ]
-    finally:
-        checkpointer.close()
-
-
-def _check_item(checkpointer, path: str, found: manifest.Manifest, item: str) -> list[str]:
-    problems = []
-    for name, structure in found.structure(item).items():
-        for segments, stored in keypaths.leaf_names(structure):
-            key = keypaths.join((name, *segments))
-            leaf = keypaths.Selection(key, name, segments, {"leaf": stored})
-            try:
-                storage.restore_selected(
-                    checkpointer, path, found, {key: leaf}, item=item, host_map=lambda p: 0
-                )
-            # Any failure to read a leaf (TensorStore raises ValueError, OSError or
-            # RuntimeError, Orbax others) is that leaf's damage: reported, not raised.
-            except Exception as err:  # noqa: BLE001
-                message = " ".join(str(err).split())[:300]
-                problems.append(
-                    f"{path}: {item} leaf {key} ({found.leaves[stored].path}) unreadable: "
-                    f"{type(err).__name__}: {message}"
-                )
-    return problems
+    return checksum.verify_checkpoint(path)  # every leaf read and checked against its checksums

@@ -118,12 +118,12 @@ def show(
     from jaxjob._src.base import fs
     from jaxjob._src.checkpoint import manifest
     from jaxjob._src.checkpoint.restore import checkpoint_dirs
-    from jaxjob._src.internals import orbax_private
+    from jaxjob._src.internals import orbax_files
 
     for directory in checkpoint_dirs(path, epoch, node):
         found = manifest.read(directory)
         leaves = _selected_leaves(found, patterns, f" in the checkpoint at {directory!r}")
-        shardings = orbax_private.saved_shardings(directory)
+        shardings = orbax_files.saved_shardings(directory)
         print(
             f"{directory}: node {found.node}, epoch {found.epoch}, "
             f"saved by {found.process_count} process(es)"

@@ -1,101 +1,165 @@
 """The ``jaxjob`` command line: ``ls``, ``show``, ``export``, ``verify`` and ``launch``.
 
-Public as :mod:`jaxjob.cli`, whose docstring says more.
+Public as :mod:`jaxjob.cli`, whose docstring says more. Every subcommand is a row
+of :data:`SUBCOMMANDS` (its help texts, its arguments, the function running it):
+a new subcommand is one row and its function in :mod:`jaxjob._src.cli.commands`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-__all__ = ["main"]
+__all__ = ["SUBCOMMANDS", "Argument", "Subcommand", "main"]
 
 USER_ERRORS = (OSError, ValueError, KeyError, TypeError)
 
 
-def _add_selection(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "path", help="a checkpoint directory, or a db_prefix (its latest committed epoch)"
-    )
-    command.add_argument("--epoch", type=int, default=None, help="with a db_prefix: this epoch")
-    command.add_argument("--node", default=None, help="with a db_prefix: only this node")
-    command.add_argument(
+@dataclasses.dataclass(frozen=True)
+class Argument:
+    """One argument of a subcommand: ``add_argument(*flags, **options)``."""
+
+    flags: tuple[str, ...]
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _arg(*flags: str, **options: Any) -> Argument:
+    return Argument(flags, options)
+
+
+@dataclasses.dataclass(frozen=True)
+class Subcommand:
+    """A row of :data:`SUBCOMMANDS`: its name, help texts, arguments and what runs it.
+
+    ``run`` imports what the subcommand needs when it is called, so that
+    parsing and ``--help`` import neither JAX nor Orbax.
+    """
+
+    name: str
+    help: str
+    description: str
+    arguments: tuple[Argument, ...]
+    run: Callable[[argparse.Namespace], int]
+
+
+SELECTION = (
+    _arg("path", help="a checkpoint directory, or a db_prefix (its latest committed epoch)"),
+    _arg("--epoch", type=int, default=None, help="with a db_prefix: this epoch"),
+    _arg("--node", default=None, help="with a db_prefix: only this node"),
+    _arg(
         "--leaves",
         action="append",
         default=None,
         metavar="PATTERN",
         help="a name or /-joined key path, * within a segment, ** across (repeatable)",
+    ),
+)
+
+
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    return {"patterns": args.leaves, "epoch": args.epoch, "node": args.node}
+
+
+def _run_ls(args: argparse.Namespace) -> int:
+    from jaxjob._src.cli import commands
+
+    return commands.ls(args.directory, as_json=args.json)
+
+
+def _run_show(args: argparse.Namespace) -> int:
+    from jaxjob._src.cli import commands
+
+    return commands.show(args.path, **_selection(args))
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from jaxjob._src.cli import commands
+
+    return commands.export(args.path, args.output, **_selection(args))
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from jaxjob._src.cli import commands
+
+    return commands.verify(args.path)
+
+
+def _run_launch(args: argparse.Namespace) -> int:
+    from jaxjob._src.multihost.launch import launch
+
+    program = list(args.program)
+    if program[:1] == ["--"]:
+        program = program[1:]
+    return launch(
+        program, num_processes=args.num_processes, devices_per_process=args.devices_per_process
     )
 
 
-def _ls(commands) -> None:
-    command = commands.add_parser(
+SUBCOMMANDS = (
+    Subcommand(
         "ls",
         help="list the checkpoints under a db_prefix (local, gs://, s3://)",
         description="One row per checkpoint: node, epoch, committed, size, save time, age.",
-    )
-    command.add_argument("directory")
-    command.add_argument("--json", action="store_true", help="print JSON rows")
-
-
-def _show(commands) -> None:
-    command = commands.add_parser(
+        arguments=(_arg("directory"), _arg("--json", action="store_true", help="print JSON rows")),
+        run=_run_ls,
+    ),
+    Subcommand(
         "show",
         help="the leaves of a checkpoint: key path, shape, dtype, bytes, saved sharding",
         description="A table of a checkpoint's leaves (key path, shape, dtype, bytes, the "
         "sharding it was saved with) and totals.",
-    )
-    _add_selection(command)
-
-
-def _export(commands) -> None:
-    command = commands.add_parser(
+        arguments=SELECTION,
+        run=_run_show,
+    ),
+    Subcommand(
         "export",
         help="write leaves to .npz or .safetensors, keyed by /-joined key path",
         description="Writes the selected leaves (default: all) to FILE.npz or FILE.safetensors "
         "(needs the safetensors package), one array per leaf keyed by its /-joined key path. "
         "PRNG keys are written as their key data; .npz stores bfloat16 and float8 as float32.",
-    )
-    _add_selection(command)
-    command.add_argument("-o", "--output", required=True, metavar="FILE")
-
-
-def _verify(commands) -> None:
-    command = commands.add_parser(
+        arguments=(*SELECTION, _arg("-o", "--output", required=True, metavar="FILE")),
+        run=_run_export,
+    ),
+    Subcommand(
         "verify",
         help="check that checkpoints are intact (exit 0) or name each damaged leaf (exit 1)",
         description="Checks one checkpoint directory, or every committed checkpoint under a "
         "db_prefix: the commit marker, the manifest, and every leaf read on its own.",
-    )
-    command.add_argument("path")
-
-
-def _launch(commands) -> None:
-    command = commands.add_parser(
+        arguments=(_arg("path"),),
+        run=_run_verify,
+    ),
+    Subcommand(
         "launch",
         help="run N local processes of one jax.distributed job",
         description="jaxjob launch -n N [--devices-per-process M] -- python script.py ...",
-    )
-    command.add_argument(
-        "-n",
-        "--num-processes",
-        type=int,
-        required=True,
-        metavar="N",
-        help="how many processes to start on this machine; process i gets JAXJOB_PROCESS_ID=i "
-        "and all join one jax.distributed job through a coordinator on 127.0.0.1",
-    )
-    command.add_argument(
-        "--devices-per-process",
-        type=int,
-        default=None,
-        metavar="M",
-        help="fake M CPU devices in each process (XLA_FLAGS="
-        "--xla_force_host_platform_device_count=M), e.g. to try a mesh on a laptop; default: "
-        "the platform's own devices",
-    )
-    command.add_argument("program", nargs=argparse.REMAINDER, help="-- then the command to run")
+        arguments=(
+            _arg(
+                "-n",
+                "--num-processes",
+                type=int,
+                required=True,
+                metavar="N",
+                help="how many processes to start on this machine; process i gets "
+                "JAXJOB_PROCESS_ID=i and all join one jax.distributed job through a coordinator "
+                "on 127.0.0.1",
+            ),
+            _arg(
+                "--devices-per-process",
+                type=int,
+                default=None,
+                metavar="M",
+                help="fake M CPU devices in each process (XLA_FLAGS="
+                "--xla_force_host_platform_device_count=M), e.g. to try a mesh on a laptop; "
+                "default: the platform's own devices",
+            ),
+            _arg("program", nargs=argparse.REMAINDER, help="-- then the command to run"),
+        ),
+        run=_run_launch,
+    ),
+)
 
 
 def _version() -> str:
@@ -111,33 +175,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxjob", description="jaxjob command line")
     parser.add_argument("--version", action="version", version=f"jaxjob {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_ls, _show, _export, _verify, _launch):
-        add(commands)
+    for row in SUBCOMMANDS:
+        command = commands.add_parser(row.name, help=row.help, description=row.description)
+        for argument in row.arguments:
+            command.add_argument(*argument.flags, **argument.options)
     return parser
-
-
-def _run_launch(args: argparse.Namespace) -> int:
-    from jaxjob._src.multihost.launch import launch
-
-    program = list(args.program)
-    if program[:1] == ["--"]:
-        program = program[1:]
-    return launch(
-        program, num_processes=args.num_processes, devices_per_process=args.devices_per_process
-    )
-
-
-def _command(args: argparse.Namespace) -> Callable[[], int]:
-    from jaxjob._src.cli import commands
-
-    if args.command == "ls":
-        return lambda: commands.ls(args.directory, as_json=args.json)
-    if args.command == "verify":
-        return lambda: commands.verify(args.path)
-    selection = {"patterns": args.leaves, "epoch": args.epoch, "node": args.node}
-    if args.command == "show":
-        return lambda: commands.show(args.path, **selection)
-    return lambda: commands.export(args.path, args.output, **selection)
 
 
 def _one_line(err: BaseException) -> str:
@@ -148,9 +190,9 @@ def _one_line(err: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``jaxjob`` command; returns the exit status."""
     args = _parser().parse_args(argv)
-    run = (lambda: _run_launch(args)) if args.command == "launch" else _command(args)
+    run = next(row.run for row in SUBCOMMANDS if row.name == args.command)
     try:
-        return run()
+        return run(args)
     except USER_ERRORS as err:
         print(f"jaxjob {args.command}: {_one_line(err)}", file=sys.stderr)
         return 2

@@ -6,8 +6,10 @@ import difflib
 from collections.abc import Iterable
 
 from jaxjob._src.base.log import warn
+from jaxjob._src.core.job import Job
+from jaxjob._src.core.session import Program, Session
 
-__all__ = ["check_resume_names", "warn_close_outputs"]
+__all__ = ["check_resume_names", "check_stop_names", "warn_close_outputs"]
 
 CLOSE_CUTOFF = 0.85  # "parms" ~ "params" is 0.91; "params_norm" ~ "params" is 0.71
 
@@ -74,4 +76,29 @@ def check_resume_names(
             f"{' and '.join(problems)}. The job's persistent state changed since that checkpoint "
             "was saved: start afresh with another db_prefix, or run the job as it was to resume "
             "it; to carry leaves over, read them with jaxjob.restore in an init task of a new run"
+        )
+
+
+def check_stop_names(job: Job, session: Session) -> None:
+    """Raises, before the first epoch, for a stop condition naming nothing the epoch can read.
+
+    The names are the workspace's and those the epoch group's jitted
+    program sets (traced abstractly, as its first run would). A host task
+    may set any name: with one in the epoch group, only the run can tell.
+
+    Raises:
+        KeyError: Naming the stop conditions, the workspace's names and the epoch group's outputs.
+    """
+    names = [c for c in job.stop_conditions if isinstance(c, str)]
+    missing = [n for n in names if n not in session.workspace]
+    steps = session.steps(job.epoch_group)
+    if not missing or not all(isinstance(step, Program) for step in steps):
+        return
+    produced = set().union(*(step.set_names(session.workspace) for step in steps))
+    missing = [n for n in missing if n not in produced]
+    if missing:
+        raise KeyError(
+            f"stop conditions {missing} name no workspace leaf and no output of the epoch "
+            f"group; the workspace holds {sorted(session.workspace)} and the epoch group "
+            f"sets {sorted(produced)}: name one of those or pass a callable ws -> bool"
         )

@@ -8,6 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from jaxjob._src.base.checks import is_int
 from jaxjob._src.core.task import Context, TaskGroup
 from jaxjob._src.core.workspace import Workspace
 
@@ -203,7 +204,7 @@ def epoch_limiter(job: Job, num_epochs: int) -> None:
         >>> job.epoch_limit, len(job.stop_conditions)
         (5, 1)
     """
-    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+    if not is_int(num_epochs) or num_epochs < 1:
         raise ValueError(f"epoch_limiter: num_epochs must be an integer >= 1, got {num_epochs!r}")
     if not job._epoch_counter:
         job.init_group.add(_init_counter, jit=True)

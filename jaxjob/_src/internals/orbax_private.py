@@ -1,8 +1,9 @@
-"""Every use of Orbax's internals, in one place, each with why no public API serves.
+"""Every use of Orbax's internals, each with why no public API serves (two helpers beside it).
 
 jaxjob uses Orbax's public API (``ocp.Checkpointer``, ``ocp.args``, the
 handlers and options) everywhere it can. What it needs beyond that lives
-here, so an Orbax upgrade is checked in one module:
+here and in the two modules named below, so an Orbax upgrade is checked in
+one folder:
 
 * **Version check.** jaxjob is tested with the Orbax versions in
   :data:`TESTED_ORBAX`; importing it with another one raises an ``ImportError``
@@ -28,15 +29,13 @@ here, so an Orbax upgrade is checked in one module:
   inside Orbax's write, so they commit with the checkpoint. The JSON handler
   writes on the primary host only and has no hook for that; its private
   ``_save_fn`` is overridden.
-* **Restore without a second copy on CPU** (:func:`_read_shard`). Orbax reads each
-  shard into a fresh NumPy buffer and ``jax.device_put`` s it; NumPy aligns large
-  buffers to 16 bytes, XLA's CPU client needs 64 to use one in place, so every
-  restored byte was copied once more (time, and 1.6-1.7x the workspace in peak
-  RSS). The buffer is allocated 64-byte aligned instead; Orbax has no option
-  for it, and ``_read_shard`` is private.
-* **Step metadata and saved shardings** (:func:`commit_times`,
-  :func:`saved_shardings`): Orbax writes them in files it has no public reader
-  for (without constructing a checkpointer).
+* **Restore without a second copy on CPU**
+  (:func:`jaxjob._src.internals.restore_buffers.read_shard`, replacing Orbax's
+  private ``serialization._read_shard``): restored shards are read into 64-byte
+  aligned buffers, which XLA's CPU client uses in place.
+* **Step metadata and saved shardings**
+  (:mod:`jaxjob._src.internals.orbax_files`): Orbax writes them in files it has
+  no public reader for; :func:`step_metadata_file` says where the first lies.
 
 Replacing Orbax's functions (the two above: ``build_kvstore_tspec`` and
 ``_read_shard``) is not done at import: :func:`install` does it, once, and
@@ -50,10 +49,8 @@ arguments. JAX's internals (the ``jax.distributed`` client) are in
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import importlib.metadata
-import json
 import os
 import threading
 import time
@@ -63,13 +60,13 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import tensorstore as ts
 from etils import epath
 from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
 from orbax.checkpoint._src.path import async_path, atomicity
 from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
 
 from jaxjob._src.base import fs
+from jaxjob._src.internals.restore_buffers import read_shard
 
 __all__ = [
     "TESTED_ORBAX",
@@ -81,7 +78,7 @@ __all__ = [
     "install",
     "private_options",
     "private_registry",
-    "saved_shardings",
+    "step_metadata_file",
 ]
 
 TESTED_ORBAX = ((0, 12, 8), (0, 13, 0))  # [lower, upper): keep in sync with pyproject.toml
@@ -249,46 +246,6 @@ def _kvstore_tspec(directory: Any, name: str | None = None, **kwargs: Any) -> di
     return spec
 
 
-# ---- restore buffers ------------------------------------------------------------------------
-
-_ALIGN = 64  # bytes: what XLA's CPU client needs to use a host buffer in place
-
-
-def aligned_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
-    """A zeroed C-order array whose data starts on a 64-byte boundary.
-
-    Example:
-        >>> aligned_zeros((3, 5), "float32").ctypes.data % 64, aligned_zeros((3, 5), "f4").shape
-        (0, (3, 5))
-    """
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.zeros(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start : start + nbytes].view(dtype).reshape(tuple(shape))
-
-
-async def _read_shard(
-    t: Any,
-    *,
-    new_shard_shape: Sequence[int],
-    dtype: Any,
-    requested_domain: Any,
-    restricted_domain: Any,
-) -> np.ndarray:
-    """Orbax's ``serialization._read_shard``, reading into a 64-byte aligned buffer.
-
-    ``jax.device_put`` of the result onto a CPU device then uses the buffer in
-    place rather than copying it (on an accelerator it is copied as before).
-    """
-    out = aligned_zeros(new_shard_shape, t.dtype.numpy_dtype)
-    target = ts.array(out)[ts.d[:].translate_to[requested_domain.origin]][restricted_domain]
-    await target.write(t[restricted_domain])
-    if dtype is not None:
-        out = await asyncio.to_thread(out.astype, dtype, copy=False)
-    return out
-
-
 # ---- installing the replacements -------------------------------------------------------------
 
 _installed = False
@@ -300,7 +257,8 @@ def install() -> None:
 
     ``tensorstore_utils.build_kvstore_tspec`` becomes :func:`_kvstore_tspec`
     (``s3://``; no per-file fsync under a :class:`DurableRename`) and
-    ``serialization._read_shard`` becomes :func:`_read_shard` (64-byte aligned
+    ``serialization._read_shard`` becomes
+    :func:`jaxjob._src.internals.restore_buffers.read_shard` (64-byte aligned
     restore buffers). Orbax looks both up on their modules at call time.
     :func:`checkpointer` calls it, so every checkpoint jaxjob opens has them
     (and :meth:`DurableRename.create`, whose fsync skipping needs the first).
@@ -310,7 +268,7 @@ def install() -> None:
         if _installed:
             return
         tensorstore_utils.build_kvstore_tspec = _kvstore_tspec
-        serialization._read_shard = _read_shard
+        serialization._read_shard = read_shard
         _installed = True
 
 
@@ -345,10 +303,14 @@ class ManifestSave(ocp.args.JsonSave):
     """Saves the manifest item through :class:`ManifestHandler`."""
 
 
+# Never constructed by jaxjob (the manifest is read as a file), but not dead: Orbax's composite
+# handler accepts ManifestSave for a ManifestHandler item only when the handler has both a save
+# and a restore argument registered; without this one every save fails with "does not match with
+# any registered handler".
 @ocp.args.register_with_handler(ManifestHandler, for_restore=True)
 @dataclasses.dataclass
 class ManifestRestore(ocp.args.JsonRestore):
-    """Restores the manifest item through :class:`ManifestHandler`."""
+    """Restores the manifest item through :class:`ManifestHandler` (registered, never built)."""
 
 
 # ---- private checkpoints --------------------------------------------------------------------
@@ -429,53 +391,6 @@ def checkpointer(
     return ocp.AsyncCheckpointer(handler, async_options=options, **kwargs)
 
 
-# ---- step metadata and saved shardings ----------------------------------------------------
-
-
-def commit_times(path: str) -> tuple[float | None, float | None]:
-    """When Orbax started and committed the checkpoint at ``path`` (seconds), if recorded.
-
-    Orbax keeps them in its step metadata file, which has no public reader
-    that works without constructing a checkpointer.
-    """
-    file = os.fspath(checkpoint_metadata.step_metadata_file_path(epath.Path(path)))
-    try:
-        doc = json.loads(fs.read_text(file))
-    except (OSError, ValueError):
-        return None, None
-    start, commit = doc.get("init_timestamp_nsecs"), doc.get("commit_timestamp_nsecs")
-    return (start / 1e9 if start else None), (commit / 1e9 if commit else None)
-
-
-def saved_shardings(path: str) -> dict[str, str]:
-    """How each ``jax.Array`` leaf at ``path`` was sharded when saved, by stored name.
-
-    Orbax records it in the ``state`` item's ``_sharding`` file (JSON, keyed
-    by the base64 of the leaf's tree key), which has no public reader. Leaves
-    it does not record are left out: private checkpoints, NumPy leaves.
-    """
-    try:
-        doc = json.loads(fs.read_text(fs.join(path, "state", "_sharding")))
-    except (OSError, ValueError):
-        return {}
-    found = {}
-    for key, text in doc.items():
-        try:
-            name = base64.b64decode(key).decode()
-            found[name] = _describe_sharding(json.loads(text))
-        except (ValueError, TypeError, KeyError):  # not a leaf this version of jaxjob wrote
-            continue
-    return found
-
-
-def _describe_sharding(doc: dict[str, Any]) -> str:
-    """``cpu:0`` for one device; ``P(None, 'model') on data=2,model=2`` for a named sharding."""
-    if doc["sharding_type"] == "SingleDeviceSharding":
-        return str(doc["device_str"])
-    if doc["sharding_type"] == "NamedSharding":
-        axes = ",".join(f"{a}={n}" for a, n in zip(doc["axis_names"], doc["shape"], strict=True))
-        spec = ", ".join(
-            repr(p) if not isinstance(p, list) else repr(tuple(p)) for p in doc["partition_spec"]
-        )
-        return f"P({spec}) on {axes}"
-    return str(doc["sharding_type"])
+def step_metadata_file(path: str) -> str:
+    """The path of Orbax's step metadata file of the checkpoint at ``path`` (Orbax's private)."""
+    return os.fspath(checkpoint_metadata.step_metadata_file_path(epath.Path(path)))

@@ -11,6 +11,7 @@ import time
 
 import jax
 
+from jaxjob._src.base.checks import is_int
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.multihost.launch import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
@@ -68,9 +69,7 @@ def initialize(*, heartbeat_timeout_s: int | None = None) -> None:
         1
     """
     if heartbeat_timeout_s is not None and (
-        isinstance(heartbeat_timeout_s, bool)
-        or not isinstance(heartbeat_timeout_s, int)
-        or heartbeat_timeout_s < 1
+        not is_int(heartbeat_timeout_s) or heartbeat_timeout_s < 1
     ):
         raise ValueError(
             "heartbeat_timeout_s must be an int >= 1 (seconds) or None, got "

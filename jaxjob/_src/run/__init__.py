@@ -1,4 +1,4 @@
-"""The training loop: the runner, when it saves, its progress display, upload groups.
+"""The training loop: the runner, resuming, epoch ends, save policy and failures, progress, upload.
 
 Imports every layer below it: ``base``, ``core``, ``internals``,
 ``multihost``, ``checkpoint``, ``manager``.

@@ -6,11 +6,13 @@ import dataclasses
 import math
 import time
 
+from jaxjob._src.base.checks import is_int, is_number
+
 __all__ = ["SaveInterval"]
 
 
 def _epochs(value: object) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if value is not None and (not is_int(value) or value < 1):
         raise ValueError(f"save_every_epochs must be None or an int >= 1, got {value!r}")
     return value
 
@@ -18,12 +20,7 @@ def _epochs(value: object) -> int | None:
 def _seconds(value: object) -> float | None:
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if not is_number(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(
             f"save_every_seconds must be None or a positive number of seconds, got {value!r}"
         )
@@ -45,9 +42,9 @@ class SaveInterval:
 
     Example:
         >>> interval = SaveInterval(every_epochs=3, every_seconds=60.0)
-        >>> interval.due(epochs_since=2, seconds_since=10.0)
-        False
-        >>> interval.due(epochs_since=3, seconds_since=10.0), interval.due(1, 61.0)
+        >>> interval.due_by_epochs(2), interval.due_by_time(10.0)
+        (False, False)
+        >>> interval.due_by_epochs(3), interval.due_by_time(61.0)
         (True, True)
         >>> SaveInterval(every_epochs=0)
         Traceback (most recent call last):
@@ -74,10 +71,6 @@ class SaveInterval:
     def due_by_time(self, seconds_since: float) -> bool:
         """Whether ``seconds_since`` seconds since the last save make a save due."""
         return self.every_seconds is not None and seconds_since >= self.every_seconds
-
-    def due(self, epochs_since: int, seconds_since: float) -> bool:
-        """Whether a save is due, by either measure."""
-        return self.due_by_epochs(epochs_since) or self.due_by_time(seconds_since)
 
 
 @dataclasses.dataclass
