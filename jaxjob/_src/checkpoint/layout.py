@@ -21,6 +21,7 @@ __all__ = [
     "get_ckpt_filename",
     "is_committed",
     "parse_name",
+    "split_node_name",
 ]
 
 COMMIT_MARKER = "commit_success.txt"  # Orbax's; written last, also by jaxjob's durable rename
@@ -55,6 +56,31 @@ def parse_name(name: str) -> Entry | None:
     if match is None:
         return None
     return Entry(match.group("node"), int(match.group("epoch")), match.group("tmp") is not None)
+
+
+def split_node_name(name: str, node_name: str) -> tuple[int, str] | None:
+    """The epoch and the suffix of a name ``<node_name>.<epoch><suffix>`` under a db_prefix.
+
+    The suffix is empty for a checkpoint directory; a save in flight, a
+    deletion or a superseded epoch adds one.
+
+    Returns:
+        None if ``name`` is not ``node_name`` 's.
+
+    Example:
+        >>> split_node_name("local.3.orbax-checkpoint-tmp-9", "local")
+        (3, '.orbax-checkpoint-tmp-9')
+        >>> split_node_name("local.3", "loc") is None
+        True
+    """
+    prefix = f"{node_name}."
+    if not name.startswith(prefix):
+        return None
+    rest = name[len(prefix) :]
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    if digits == 0:
+        return None
+    return int(rest[:digits]), rest[digits:]
 
 
 def check_epoch(epoch: Any, argument: str = "epoch") -> int:

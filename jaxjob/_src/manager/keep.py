@@ -10,11 +10,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
+from jaxjob._src.base.checks import is_int
+
 __all__ = ["Best", "Every", "Last", "Policy", "kept", "metric_names", "normalize"]
 
 
 def _positive(value: object, argument: str, policy: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{policy}: {argument} must be a positive int, got {value!r}")
 
 

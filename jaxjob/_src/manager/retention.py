@@ -16,7 +16,6 @@ next writer starts (:func:`sweep`). Only the process holding the node's lock
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,6 +32,7 @@ from jaxjob._src.checkpoint.layout import (
     common_epochs,
     db_name,
     is_committed,
+    split_node_name,
 )
 from jaxjob._src.manager import keep
 
@@ -223,13 +223,13 @@ def sweep(db_prefix: str, node_name: str, writing: int | None = None) -> list[st
     Returns:
         The names removed or put back (one INFO log line lists them).
     """
-    pattern = re.compile(re.escape(node_name) + r"\.(\d+)(.*)")
     done = []
     for name in fs.listdir(db_prefix):
-        match = pattern.fullmatch(name)
-        if match is None or int(match.group(1)) == writing:
+        split = split_node_name(name, node_name)
+        if split is None or split[0] == writing:
             continue
-        final, rest = fs.join(db_prefix, f"{node_name}.{match.group(1)}"), match.group(2)
+        epoch, rest = split
+        final = fs.join(db_prefix, f"{node_name}.{epoch}")
         path = fs.join(db_prefix, name)
         try:
             if rest.startswith(SUPERSEDED) and not is_committed(final):

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import jax
 
 from jaxjob._src.base import fs
+from jaxjob._src.base.checks import is_int, is_number
 from jaxjob._src.base.errors import CheckpointSaveError
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.core.workspace import Workspace
@@ -28,7 +29,7 @@ DEFAULT_WRITE_TIMEOUT_S = 600.0
 
 
 def _seconds(value: Any, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    if not is_number(value) or not value > 0:
         raise ValueError(f"{argument} must be a positive number of seconds, got {value!r}")
     return float(value)
 
@@ -51,9 +52,7 @@ def check_owner(owner_process: Any) -> int | None:
         ValueError: Naming the valid range.
     """
     if owner_process is not None and (
-        isinstance(owner_process, bool)
-        or not isinstance(owner_process, int)
-        or not 0 <= owner_process < jax.process_count()
+        not is_int(owner_process) or not 0 <= owner_process < jax.process_count()
     ):
         raise ValueError(
             f"owner_process must be None or a process index in [0, {jax.process_count()}), "
