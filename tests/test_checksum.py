@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxjob
-from jaxjob._src.checkpoint import checksum
+from jaxjob._src.checkpoint import checksum, verify
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "exact_job.py")
 
@@ -129,7 +129,7 @@ def test_an_intact_checkpoint_verifies_and_records_every_leaf(saved):
     assert doc["self_checksum"] == checksum.doc_checksum(doc)
     records = json.loads(_read(os.path.join(path, "jaxjob", "checksums.0.json")))
     assert sorted(records["leaves"]) == sorted(leaf["name"] for leaf in doc["leaves"])
-    assert checksum.verify_checkpoint(path) == []
+    assert verify.verify_checkpoint(path) == []
     assert jaxjob.CheckpointManager(saved).verify(1) == []
     restored = jaxjob.restore(path)
     np.testing.assert_array_equal(restored["w"], _workspace(2)["w"])
@@ -154,7 +154,7 @@ def test_verify_reports_one_line_per_damaged_leaf(saved, tmp_path, kind):
     path = os.path.join(prefix, "local.1")
     damaged = largest_data_file(path) if kind != "manifest" else "manifest.json"
     CORRUPTIONS[kind](path)
-    lines = checksum.verify_checkpoint(path)
+    lines = verify.verify_checkpoint(path)
     assert len(lines) == 1
     assert re.search(NAMED[kind], lines[0]), lines
     assert damaged in lines[0]  # the very file
@@ -173,7 +173,7 @@ def test_a_damaged_checksum_file_is_reported(saved, tmp_path):
     with pytest.raises(jaxjob.CorruptCheckpointError, match="checksums.0.json' fails its own"):
         jaxjob.restore(prefix)
     os.remove(file)
-    (line,) = checksum.verify_checkpoint(os.path.join(prefix, "local.1"))
+    (line,) = verify.verify_checkpoint(os.path.join(prefix, "local.1"))
     assert "checksums.0.json' is missing" in line
 
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from test_checksum import flip_file
 
-from jaxjob._src.checkpoint import checksum
+from jaxjob._src.checkpoint import verify
 
 SCRIPT = textwrap.dedent(
     """
@@ -72,13 +72,13 @@ def test_each_process_checksums_its_shards_and_all_fall_back_to_the_same_epoch(t
         ]
         (row,) = [index for index, _ in doc["leaves"][stored["['cursor']"]]]  # its row
         assert row[0] == [process, process + 1]
-    assert checksum.verify_checkpoint(path) == []
+    assert verify.verify_checkpoint(path) == []
     data = os.path.join(path, "state", "ocdbt.process_1", "d")
     victim = max(sorted(os.scandir(data), key=lambda e: e.name), key=lambda e: e.stat().st_size)
     flip_file(victim)
-    (line,) = checksum.verify_checkpoint(path)  # a checksum mismatch or a zstd decode error
+    (line,) = verify.verify_checkpoint(path)  # a checksum mismatch or a zstd decode error
     assert line.startswith("leaf x (['x']") and "epoch 3" in line and victim.path in line
     resumed, log = _launch(tmp_path)
     assert "The checkpoint of epoch 3 is damaged" in log
     assert resumed == clean
-    assert checksum.verify_checkpoint(path) == []
+    assert verify.verify_checkpoint(path) == []

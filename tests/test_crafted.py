@@ -139,11 +139,11 @@ def test_a_manifest_naming_a_module_imports_nothing(
     _edit_manifest(path, edit)
     if error is None:
         assert sorted(jaxjob.restore(path)) == ["__class__", "n", "w"]
-        assert checksum.verify_checkpoint(path) == []
+        assert verify.verify_checkpoint(path) == []
     else:
         with pytest.raises((TypeError, ValueError), match=error):
             jaxjob.restore(path)
-        (line,) = checksum.verify_checkpoint(path)
+        (line,) = verify.verify_checkpoint(path)
         assert error in line
     assert not marker.exists()
     assert "crafted_payload" not in sys.modules
@@ -188,7 +188,7 @@ def test_checksum_file_names_leaving_the_checkpoint_are_refused(saved, tmp_path)
     _edit_manifest(path, lambda doc: doc["checksums"].update(files=["../../../outside.json"]))
     with pytest.raises(jaxjob.CorruptCheckpointError, match=r"names a checksum file '\.\./"):
         jaxjob.restore(path)
-    (line,) = checksum.verify_checkpoint(path)
+    (line,) = verify.verify_checkpoint(path)
     assert "names a checksum file" in line
 
 

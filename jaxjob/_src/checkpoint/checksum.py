@@ -12,7 +12,7 @@ compression): either its bytes decode to other values, whose checksum
 differs, or they do not decode, which is reported the same way.
 
 Reading checks what is read: a restore compares every shard it reads
-against its record; :func:`verify_checkpoint` reads a whole checkpoint.
+against its record; :mod:`jaxjob._src.checkpoint.leaf_check` reads leaves back and checks them.
 Either names the leaf, the epoch and the file. Nothing read here is
 executed: the records are JSON numbers and index ranges.
 """
@@ -33,7 +33,7 @@ from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.checkpoint import keypaths
 
-__all__ = ["ALGORITHM", "digest", "doc_checksum", "verify_checkpoint"]
+__all__ = ["ALGORITHM", "describe", "digest", "doc_checksum", "mismatches", "read_records"]
 
 ALGORITHM = "crc32-of-4k-sums"
 BLOCK = 4096  # bytes per summed block
@@ -292,104 +292,3 @@ def describe(path: str, item: str, spec: Any, found: Any, record: Record | None,
         f"leaf {key} ({spec.path}, stored as {spec.name}) of epoch {found.epoch} in {where!r}"
         f"{shard}: {why}"
     )
-
-
-def _stored_target(spec: Any, found: Any) -> np.ndarray:
-    """A NumPy target of the leaf as Orbax stores it (PRNG keys as key data, host-local rows)."""
-    from jaxjob._src.checkpoint import hostlocal
-
-    if spec.kind == "prng_key":
-        stored = jax.eval_shape(jax.random.key_data, spec.abstract())
-    elif spec.host_local and found.owner_process is None:
-        stored = hostlocal.target(spec, found.process_count, 0)
-    else:
-        stored = spec.abstract()
-    return np.zeros(stored.shape, stored.dtype)
-
-
-# Orbax wraps TensorStore's errors on bytes that do not decode (truncated, missing, garbled
-# compressed chunks) in a plain Exception; callers re-read leaf by leaf to name the damaged ones.
-READ_ERRORS = (Exception,)
-
-
-def read_leaf(reader: Any, path: str, item: str, spec: Any, found: Any) -> np.ndarray:
-    """Reads one stored leaf, whole, as Orbax stores it, on this process alone."""
-    import orbax.checkpoint as ocp
-
-    tree = {spec.name: _stored_target(spec, found)}
-    args = ocp.args.PyTreeRestore(
-        item=tree,
-        restore_args=ocp.checkpoint_utils.construct_restore_args(tree),
-        partial_restore=True,
-    )
-    return reader.restore(path, args=ocp.args.Composite(**{item: args}))[item][spec.name]
-
-
-def check_leaf(
-    reader: Any, path: str, item: str, spec: Any, found: Any, records: Mapping[str, list[Record]]
-) -> list[str]:
-    """Reads one stored leaf and checks it: a line per problem, none when intact."""
-    try:
-        value = read_leaf(reader, path, item, spec, found)
-    except READ_ERRORS as err:
-        why = f"unreadable ({type(err).__name__}: {_first_line(err)})"
-        return [describe(path, item, spec, found, None, why)]
-    bad, _ = mismatches(value, records.get(spec.name, []))
-    return [describe(path, item, spec, found, r, "checksum mismatch") for r in bad]
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else ""
-
-
-def verify_checkpoint(path: str) -> list[str]:
-    """Reads every leaf of one checkpoint directory and checks it against its checksums.
-
-    Reads on this process alone (no other process takes part), so it can be
-    called from any process of a job or outside one.
-
-    Args:
-        path: A committed checkpoint directory ``<db_prefix>/<node>.<epoch>``.
-
-    Returns:
-        One line per damaged leaf or file, naming the leaf, the epoch and the
-        file; empty when the checkpoint is intact.
-
-    Raises:
-        FileNotFoundError: If ``path`` is not a jaxjob checkpoint directory.
-
-    Example:
-        >>> import tempfile, jax.numpy as jnp, jaxjob
-        >>> ckpt = jaxjob.CheckpointManager(tempfile.mkdtemp())
-        >>> ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(3)}))
-        >>> ckpt.wait_until_finished()
-        >>> ckpt.verify(0)  # reads the same checks through the manager
-        []
-    """
-    from jaxjob._src.checkpoint import manifest, storage  # they import this module
-    from jaxjob._src.internals import orbax_private
-
-    try:
-        found = manifest.read(path)
-        records = read_records(path, found)
-    except ValueError as err:  # CorruptCheckpointError, or a malformed manifest
-        return [str(err)]
-    handler = storage.composite_handler(path, private=True)
-    reader = orbax_private.checkpointer(path, handler, private=True)
-    try:
-        return check_all(reader, path, found, records)
-    finally:
-        reader.close()
-
-
-def check_all(reader: Any, path: str, found: Any, records: Mapping[str, list[Record]]) -> list[str]:
-    """Reads every stored leaf of ``path`` with ``reader`` and checks it: a line per problem."""
-    from jaxjob._src.checkpoint import manifest
-
-    lines: list[str] = []
-    for item in (manifest.STATE, manifest.OUTPUTS):
-        for name in found.structure(item):
-            for spec in found.specs(item, name):
-                lines += check_leaf(reader, path, item, spec, found, records)
-    return lines

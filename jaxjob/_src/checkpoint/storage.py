@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 
 from jaxjob._src.base import faults, fs
 from jaxjob._src.base.errors import CorruptCheckpointError
-from jaxjob._src.checkpoint import checksum, codec, hostlocal, keypaths
+from jaxjob._src.checkpoint import checksum, codec, hostlocal, keypaths, leaf_check
 from jaxjob._src.checkpoint import targets as targets_lib
 from jaxjob._src.checkpoint.manifest import MANIFEST_FILE, MANIFEST_ITEM, OUTPUTS, STATE, Manifest
 from jaxjob._src.internals import orbax_private
@@ -42,14 +42,10 @@ __all__ = [
     "composite_handler",
     "encode",
     "nbytes",
-    "restore",
     "save_args",
     "start_bounded",
     "wait_bounded",
 ]
-
-HostMap = hostlocal.HostMap
-
 
 # No zstd: weights barely compress (random float32 not at all, trained bf16/f32 by a few
 # percent), while compressing costs a CPU pass on save and on restore (benchmarks/README.md:
@@ -223,7 +219,7 @@ def wait_bounded(saver: ocp.AsyncCheckpointer, path: str, deadline: float | None
     fs.bounded(path, "the write", saver.wait_until_finished, timeout_s=left)
 
 
-def _rows(manifest: Manifest, specs: Iterable[codec.LeafSpec], host_map: HostMap | None):
+def _rows(manifest: Manifest, specs: Iterable[codec.LeafSpec], host_map: hostlocal.HostMap | None):
     if manifest.owner_process is not None:
         return codec.Rows(0)
     local = [spec.path for spec in specs if spec.host_local]
@@ -231,35 +227,6 @@ def _rows(manifest: Manifest, specs: Iterable[codec.LeafSpec], host_map: HostMap
         return codec.Rows(manifest.process_count)
     row = hostlocal.row_for_this_process(host_map, manifest.process_count, str(local))
     return codec.Rows(manifest.process_count, row)
-
-
-def restore(
-    checkpointer: ocp.Checkpointer,
-    path: str,
-    manifest: Manifest,
-    names: Iterable[str],
-    *,
-    item: str = STATE,
-    targets: Mapping[str, Any] | None = None,
-    sharding: Any = None,
-    host_map: HostMap | None = None,
-) -> dict[str, Any]:
-    """Restores the named entries of one item of the checkpoint directory ``path``.
-
-    See :func:`restore_selected`; each name is selected whole.
-    """
-    structure = manifest.structure(item)
-    chosen = {n: keypaths.Selection(n, n, (), structure[n]) for n in names}
-    return restore_selected(
-        checkpointer,
-        path,
-        manifest,
-        chosen,
-        item=item,
-        targets=targets,
-        sharding=sharding,
-        host_map=host_map,
-    )
 
 
 def restore_selected(
@@ -271,7 +238,7 @@ def restore_selected(
     item: str = STATE,
     targets: Mapping[str, Any] | None = None,
     sharding: Any = None,
-    host_map: HostMap | None = None,
+    host_map: hostlocal.HostMap | None = None,
 ) -> dict[str, Any]:
     """Restores the selected subtrees of one item of the checkpoint directory ``path``, by key.
 
@@ -338,7 +305,7 @@ def _read(checkpointer, path: str, manifest: Manifest, item: str, restore_item: 
     )
     try:
         return checkpointer.restore(path, args=ocp.args.Composite(**{item: args}))[item]
-    except checksum.READ_ERRORS as err:
+    except leaf_check.READ_ERRORS as err:
         if isinstance(err, ValueError) and "stored shape" in str(err):  # Orbax's words
             raise CorruptCheckpointError(
                 f"the manifest of {path!r} declares shapes that its stored arrays do not have "
@@ -358,7 +325,7 @@ def _damaged(path: str, manifest: Manifest, item: str, names: Iterable[str]) -> 
         lines: list[str] = []
         for name in names:
             spec = manifest.leaves[name]
-            lines += checksum.check_leaf(reader, path, item, spec, manifest, records)
+            lines += leaf_check.check_leaf(reader, path, item, spec, manifest, records)
         return lines
     finally:
         reader.close()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from jaxjob._src.base import fs
-from jaxjob._src.checkpoint import checksum, manifest
+from jaxjob._src.base.errors import CorruptCheckpointError
+from jaxjob._src.checkpoint import checksum, leaf_check, manifest, storage
 from jaxjob._src.checkpoint.layout import is_committed
 from jaxjob._src.checkpoint.listing import list_checkpoints
+from jaxjob._src.internals import orbax_private
 
 __all__ = ["checkpoints_under", "verify", "verify_checkpoint"]
 
@@ -61,12 +64,44 @@ def verify(path: str | os.PathLike) -> list[str]:
     return [line for d in checkpoints_under(path) for line in verify_checkpoint(d)]
 
 
-def verify_checkpoint(path: str) -> list[str]:
-    """The problems of the checkpoint directory ``path``: one line each (see :func:`verify`)."""
+def verify_checkpoint(
+    path: str, *, reader: Any = None, found: manifest.Manifest | None = None
+) -> list[str]:
+    """The problems of the checkpoint directory ``path``: one line each (see :func:`verify`).
+
+    Every leaf is read, on this process alone (no other process takes part,
+    so it can be called from any process of a job or outside one), and
+    checked against its checksums.
+
+    Args:
+        path: A checkpoint directory.
+        reader: An Orbax checkpointer to read with (a manager's); by default
+            one is opened and closed.
+        found: Its manifest, if already read.
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp, jaxjob
+        >>> ckpt = jaxjob.CheckpointManager(tempfile.mkdtemp())
+        >>> ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(3)}))
+        >>> ckpt.wait_until_finished()
+        >>> verify_checkpoint(ckpt.get_ckpt_db_name("local", 0))
+        []
+    """
     if not is_committed(path):
         return [f"{path}: not committed (no commit marker): an interrupted or unfinished save"]
     try:
-        manifest.read(path)
+        found = found or manifest.read(path)
     except (OSError, ValueError) as err:
         return [f"{path}: manifest unreadable: {err}"]
-    return checksum.verify_checkpoint(path)  # every leaf read and checked against its checksums
+    try:
+        records = checksum.read_records(path, found)
+    except CorruptCheckpointError as err:  # its message names the checkpoint and the file
+        return [str(err)]
+    if reader is not None:
+        return leaf_check.check_all(reader, path, found, records)
+    handler = storage.composite_handler(path, private=True)
+    reader = orbax_private.checkpointer(path, handler, private=True)
+    try:
+        return leaf_check.check_all(reader, path, found, records)
+    finally:
+        reader.close()

@@ -18,7 +18,7 @@ import jax
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CheckpointSaveError, CorruptCheckpointError
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import checksum
+from jaxjob._src.checkpoint import verify
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import common_epochs, db_name, is_committed
 from jaxjob._src.manager import boundary, retention, save_round
@@ -255,7 +255,7 @@ class ManagerCore:
                     f"no committed checkpoint for node {node!r} at epoch {epoch} ({path!r}); "
                     f"committed epochs: {common_epochs(self._db_prefix, [node], self._path_prefix)}"
                 )
-            lines += checksum.verify_checkpoint(path)
+            lines += verify.verify_checkpoint(path)
         return lines
 
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:

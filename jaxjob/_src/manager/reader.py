@@ -9,7 +9,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import checksum, manifest, storage
+from jaxjob._src.checkpoint import keypaths, manifest, storage, verify
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace
@@ -89,9 +89,11 @@ class NodeReader:
         item: str = storage.STATE,
         targets: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Restores ``names`` of ``item`` from the checkpoint at ``path``."""
-        return storage.restore(
-            self.orbax(), path, found, names, item=item, targets=targets, host_map=self.host_map
+        """Restores ``names`` of ``item`` (each whole) from the checkpoint at ``path``."""
+        structure = found.structure(item)
+        chosen = {n: keypaths.Selection(n, n, (), structure[n]) for n in names}
+        return storage.restore_selected(
+            self.orbax(), path, found, chosen, item=item, targets=targets, host_map=self.host_map
         )
 
     def load(
@@ -111,17 +113,17 @@ class NodeReader:
         return Workspace(items), stats
 
     def verify(self, epoch: int) -> list[str]:
-        """Checks the checksums of this node's checkpoint of ``epoch`` through the cached reader.
+        """Checks this node's checkpoint of ``epoch`` through the cached manifest and reader.
 
         Returns:
             One line per damaged leaf or file; empty when intact.
         """
         try:
             path, found = self.checkpoint(epoch)
-            records = checksum.read_records(path, found)
-        except ValueError as err:  # CorruptCheckpointError, or a malformed manifest
-            return [str(err)]
-        return checksum.check_all(self.orbax(), path, found, records)
+        except ValueError:  # an unreadable manifest: verify_checkpoint says so, in its words
+            path = db_name(check_epoch(epoch), self.node_name, self.db_prefix)
+            return verify.verify_checkpoint(path)
+        return verify.verify_checkpoint(path, reader=self.orbax(), found=found)
 
     def close(self) -> None:
         """Releases the Orbax reader."""
