@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
-from jaxjob._src.base.leaves import SUPPORTED
+from jaxjob._src.base.leaves import HOST_LOCAL, SUPPORTED, Kind
 from jaxjob._src.checkpoint import hostlocal
 
 __all__ = [
@@ -45,8 +45,6 @@ __all__ = [
     "flatten",
     "unflatten",
 ]
-
-KINDS = ("jax", "prng_key", "numpy", "numpy_scalar", "python")
 
 
 class UnstorableLeafError(TypeError):
@@ -78,7 +76,7 @@ def check_storable(spec: LeafSpec, dtype: Any) -> None:
     Raises:
         UnstorableLeafError: Naming the leaf's key path, dtype and shape.
     """
-    kind = {"jax": "jax.Array", "prng_key": "PRNG key array"}.get(spec.kind, "array")
+    kind = {Kind.JAX: "jax.Array", Kind.PRNG_KEY: "PRNG key array"}.get(spec.kind, "array")
     what = f"the {kind} at {spec.path} (dtype {spec.dtype}, shape {spec.shape})"
     if not _orbax_stores(np.dtype(dtype)):
         raise UnstorableLeafError(
@@ -104,7 +102,8 @@ class LeafSpec:
     Attributes:
         name: The stored name (unique within a checkpoint).
         path: The key path under the workspace, e.g. ``"['params']['w']"``.
-        kind: ``"jax"``, ``"prng_key"``, ``"numpy"``, ``"numpy_scalar"`` or ``"python"``.
+        kind: Its :class:`~jaxjob._src.base.leaves.Kind` (``"jax"``, ``"prng_key"``,
+            ``"numpy"``, ``"numpy_scalar"`` or ``"python"`` in the manifest).
         dtype: The dtype's name (``"float32"``, ``"key<fry>"``; for Python
             scalars ``"bool"``, ``"int"`` or ``"float"``).
         shape: The logical (global) shape.
@@ -113,7 +112,7 @@ class LeafSpec:
 
     name: str
     path: str
-    kind: str
+    kind: Kind
     dtype: str
     shape: tuple[int, ...]
     impl: str | None = None
@@ -121,7 +120,7 @@ class LeafSpec:
     @property
     def host_local(self) -> bool:
         """Whether each process keeps its own copy (NumPy arrays and scalars)."""
-        return self.kind in hostlocal.KINDS
+        return self.kind in HOST_LOCAL
 
     @classmethod
     def of(cls, leaf: Any, name: str, path: str) -> LeafSpec:
@@ -133,20 +132,20 @@ class LeafSpec:
         if isinstance(leaf, jax.Array):
             if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
                 impl = str(jax.random.key_impl(leaf))
-                return cls(name, path, "prng_key", str(leaf.dtype), leaf.shape, impl)
-            return cls(name, path, "jax", str(leaf.dtype), leaf.shape)
+                return cls(name, path, Kind.PRNG_KEY, str(leaf.dtype), leaf.shape, impl)
+            return cls(name, path, Kind.JAX, str(leaf.dtype), leaf.shape)
         if isinstance(leaf, np.ndarray | np.generic) and not leaf.dtype.hasobject:
-            kind = "numpy" if isinstance(leaf, np.ndarray) else "numpy_scalar"
+            kind = Kind.NUMPY if isinstance(leaf, np.ndarray) else Kind.NUMPY_SCALAR
             return cls(name, path, kind, str(leaf.dtype), tuple(np.shape(leaf)))
         if isinstance(leaf, bool | int | float):
-            return cls(name, path, "python", type(leaf).__name__, ())
+            return cls(name, path, Kind.PYTHON, type(leaf).__name__, ())
         raise UnstorableLeafError(
             f"cannot checkpoint the leaf at {path} of type {type(leaf).__name__}; {SUPPORTED}"
         )
 
     def abstract(self) -> jax.ShapeDtypeStruct:
         """The leaf's logical shape and dtype (PRNG keys as typed keys)."""
-        if self.kind == "prng_key":
+        if self.kind == Kind.PRNG_KEY:
             key = jax.eval_shape(lambda: jax.random.key(0, impl=self.impl))
             return jax.ShapeDtypeStruct(self.shape, key.dtype)
         if self.host_local:
@@ -171,18 +170,14 @@ class LeafSpec:
             spec = cls(
                 name=str(entry["name"]),
                 path=str(entry["path"]),
-                kind=str(entry["kind"]),
+                kind=Kind(entry["kind"]),
                 dtype=str(entry["dtype"]),
                 shape=tuple(int(d) for d in entry["shape"]),
                 impl=None if entry.get("impl") is None else str(entry["impl"]),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"invalid leaf entry {entry!r} in the manifest: {err}") from None
-        if (
-            spec.kind not in KINDS
-            or any(d < 0 for d in spec.shape)
-            or not STORED_NAME.fullmatch(spec.name)
-        ):
+        if any(d < 0 for d in spec.shape) or not STORED_NAME.fullmatch(spec.name):
             raise ValueError(f"invalid leaf entry {entry!r} in the manifest")
         return spec
 
@@ -304,7 +299,7 @@ class Codec(Protocol):
 
 def _stored_dtype(leaf: Any, spec: LeafSpec) -> np.dtype:
     """The dtype of the array Orbax is given for ``leaf`` (a PRNG key's data, uint32)."""
-    if spec.kind == "prng_key":  # every JAX PRNG implementation's key data
+    if spec.kind == Kind.PRNG_KEY:  # every JAX PRNG implementation's key data
         return np.dtype(np.uint32)
     return hostlocal.dtype_of(spec.dtype) if spec.host_local else np.dtype(leaf.dtype)
 
@@ -333,7 +328,7 @@ class SharedCodec:
         """See :class:`Codec`."""
         if spec.host_local:
             return hostlocal.decode(value, spec, rows.row)
-        if spec.kind == "prng_key" and not jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+        if spec.kind == Kind.PRNG_KEY and not jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
             return jax.random.wrap_key_data(value, impl=spec.impl)
         return value
 
@@ -351,9 +346,9 @@ class PrivateCodec:
             UnstorableLeafError: For a leaf Orbax cannot store (see :func:`check_storable`).
         """
         check_storable(spec, _stored_dtype(leaf, spec))
-        if spec.kind == "prng_key":
+        if spec.kind == Kind.PRNG_KEY:
             return np.asarray(jax.random.key_data(leaf)), None
-        if spec.kind == "jax":
+        if spec.kind == Kind.JAX:
             if not leaf.is_fully_addressable:
                 raise ValueError(
                     f"a private (one process's) checkpoint cannot hold the jax.Array at "
@@ -366,7 +361,7 @@ class PrivateCodec:
     def target(self, spec: LeafSpec, abstract: jax.ShapeDtypeStruct, rows: Rows) -> Any:
         """See :class:`Codec`."""
         stored = spec.abstract()
-        if spec.kind == "prng_key":
+        if spec.kind == Kind.PRNG_KEY:
             stored = jax.eval_shape(jax.random.key_data, stored)
         return np.zeros(stored.shape, stored.dtype)
 
@@ -375,6 +370,6 @@ class PrivateCodec:
         if spec.host_local:
             return hostlocal.as_saved(np.asarray(value), spec)
         array = jax.device_put(value, abstract.sharding)
-        if spec.kind == "prng_key":
+        if spec.kind == Kind.PRNG_KEY:
             return jax.random.wrap_key_data(array, impl=spec.impl)
         return array

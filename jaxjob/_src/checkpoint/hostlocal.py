@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from jaxjob._src.base.checks import is_int
+from jaxjob._src.base.leaves import Kind
 
 if TYPE_CHECKING:
     from jaxjob._src.checkpoint.codec import LeafSpec
@@ -34,7 +35,6 @@ __all__ = [
 
 HostMap = Callable[[int], int] | Sequence[int]
 _AXIS = "jaxjob_hosts"
-KINDS = ("numpy", "numpy_scalar", "python")  # the manifest kinds of host-local leaves
 
 
 def host_sharding(spec: Any = _AXIS) -> jax.sharding.NamedSharding:
@@ -141,8 +141,8 @@ def decode(array: jax.Array, spec: LeafSpec, row: int | None) -> Any:
 
 def as_saved(value: np.ndarray, spec: LeafSpec) -> Any:
     """A host-local leaf's array (of :func:`dtype_of` its dtype) back as the saved type."""
-    if spec.kind == "numpy_scalar":
+    if spec.kind == Kind.NUMPY_SCALAR:
         return value[()]
-    if spec.kind == "python":
+    if spec.kind == Kind.PYTHON:
         return value.item()
     return value

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxjob._src.base.leaves import Kind
 from jaxjob._src.checkpoint import checksum, hostlocal, manifest
 from jaxjob._src.checkpoint.checksum import Record
 
@@ -22,7 +23,7 @@ __all__ = ["READ_ERRORS", "check_all", "check_leaf", "read_leaf"]
 
 def _stored_target(spec: Any, found: Any) -> np.ndarray:
     """A NumPy target of the leaf as Orbax stores it (PRNG keys as key data, host-local rows)."""
-    if spec.kind == "prng_key":
+    if spec.kind == Kind.PRNG_KEY:
         stored = jax.eval_shape(jax.random.key_data, spec.abstract())
     elif spec.host_local and found.owner_process is None:
         stored = hostlocal.target(spec, found.process_count, 0)

@@ -81,8 +81,10 @@ def _leaf_nbytes(spec: Any) -> int:
     import jax
     import numpy as np
 
+    from jaxjob._src.base.leaves import Kind
+
     abstract = spec.abstract()
-    if spec.kind == "prng_key":
+    if spec.kind == Kind.PRNG_KEY:
         abstract = jax.eval_shape(jax.random.key_data, abstract)
     return int(np.prod(abstract.shape, dtype=np.int64)) * abstract.dtype.itemsize
 

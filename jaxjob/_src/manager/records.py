@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxjob._src.base.errors import CheckpointSaveError
+from jaxjob._src.base.leaves import Kind
 
 __all__ = ["Action", "LeafCheck", "ProcessStats", "SavePost", "Stats", "error_text"]
 
@@ -74,7 +75,7 @@ class Stats:
 class LeafCheck:
     """A host-local leaf's stored kind, dtype and shape: every process must post the same."""
 
-    kind: str
+    kind: Kind
     dtype: str
     shape: tuple[int, ...]
 
@@ -85,7 +86,7 @@ class LeafCheck:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LeafCheck:
         """The record of a :meth:`to_json` object."""
-        return cls(data["kind"], data["dtype"], tuple(data["shape"]))
+        return cls(Kind(data["kind"]), data["dtype"], tuple(data["shape"]))
 
 
 @dataclasses.dataclass(frozen=True)
