@@ -156,7 +156,7 @@ class LeafSpec:
         """The manifest entry."""
         # Shallow: dataclasses.asdict deep-copies each field, ~10 us more a leaf (training thread).
         entry = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        entry["shape"] = list(self.shape)
+        entry["shape"], entry["kind"] = list(self.shape), str(self.kind)
         return entry
 
     @classmethod

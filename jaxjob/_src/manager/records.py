@@ -81,7 +81,7 @@ class LeafCheck:
 
     def to_json(self) -> dict[str, Any]:
         """``{"kind", "dtype", "shape"}`` (the shape as a list)."""
-        return {"kind": self.kind, "dtype": self.dtype, "shape": list(self.shape)}
+        return {"kind": str(self.kind), "dtype": self.dtype, "shape": list(self.shape)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LeafCheck:
