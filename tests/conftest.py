@@ -17,10 +17,15 @@ run happens once; every other test goes to whichever worker is free.
 """
 
 import atexit
+import collections
+import contextlib
 import logging
 import os
+import re
+import resource
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 
@@ -96,6 +101,86 @@ def _start_order(item) -> int:
     if item.get_closest_marker("xdist_group") is not None:
         return 0
     return 1 if os.path.basename(str(item.fspath)) in _LONG_MODULES else 2
+
+
+# Opt-in: JAXJOB_TEST_CHILD_CPU=FILE records, per test (its set-up included: a module-scoped
+# run counts for the first test that uses it), the CPU seconds (user + sys) of the child processes
+# it started and how many it started (``jaxjob launch -n N`` counts its N); the run ends with the
+# modules that cost most. Off by default: nothing is patched or recorded.
+_CHILD_CPU = os.environ.get("JAXJOB_TEST_CHILD_CPU")
+_started: collections.Counter = collections.Counter()  # program -> processes started
+
+
+def _program(argv: list) -> str:
+    """What a child runs: its script's name, ``-m module``, ``-c`` or the executable's name."""
+    name = os.path.basename(argv[0]) if argv else "?"
+    if name.startswith("python"):
+        for i, arg in enumerate(argv[1:], 1):
+            if arg in ("-m", "-c"):
+                name = f"{arg} {argv[i + 1] if arg == '-m' and i + 1 < len(argv) else ''}".strip()
+                break
+            if not arg.startswith("-"):
+                name = os.path.basename(arg)
+                break
+    return re.sub(r"[\s,=]+", "_", name)
+
+
+def _count_started(init):
+    def counting(self, args, *rest, **kwargs):
+        argv = [os.fspath(a) for a in ([args] if isinstance(args, (str, bytes)) else args)]
+        if "launch" in argv and "--" in argv:  # jaxjob launch -n N -- PROGRAM: N more processes
+            with contextlib.suppress(ValueError, IndexError):
+                n = int(argv[argv.index("-n", argv.index("launch")) + 1])
+                _started[_program(argv[argv.index("--") + 1 :])] += n
+        _started[_program(argv)] += 1
+        init(self, args, *rest, **kwargs)
+
+    return counting
+
+
+if _CHILD_CPU:
+    subprocess.Popen.__init__ = _count_started(subprocess.Popen.__init__)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CHILD_CPU:
+        yield
+        return
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), _started.copy()
+    yield
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    programs = ",".join(f"{p}={n}" for p, n in (_started - started).items())
+    with open(_CHILD_CPU, "a") as f:
+        f.write(f"{item.nodeid}\t{cpu:.3f}\t{programs}\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if (
+        not _CHILD_CPU
+        or not os.path.exists(_CHILD_CPU)
+        or hasattr(terminalreporter.config, "workerinput")
+    ):
+        return
+    modules: dict[str, list] = {}
+    programs: collections.Counter = collections.Counter()
+    with open(_CHILD_CPU) as f:
+        for line in f:
+            nodeid, cpu, started = line.rstrip("\n").split("\t")
+            total = modules.setdefault(nodeid.split("::")[0], [0.0, 0])
+            total[0] += float(cpu)
+            for entry in filter(None, started.split(",")):
+                program, _, n = entry.rpartition("=")
+                total[1] += int(n)
+                programs[program] += int(n)
+    write = terminalreporter.write_line
+    terminalreporter.section("child processes per module: CPU s (user + sys), processes")
+    for module, (cpu, started) in sorted(modules.items(), key=lambda m: -m[1][0]):
+        write(f"{cpu:8.1f} {started:5d}  {module}")
+    cpu, started = (sum(m[i] for m in modules.values()) for i in (0, 1))
+    write(f"{cpu:8.1f} {started:5d}  all")
+    write("processes per program: " + ", ".join(f"{p} {n}" for p, n in programs.most_common()))
 
 
 _GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)

@@ -11,6 +11,10 @@ bytes, dtypes and pytree structure) to OUT_NPZ. The download and exit groups
 print ``DOWNLOAD RAN`` and ``EXIT RAN``.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import argparse
 import os
 import signal
@@ -23,6 +27,8 @@ import numpy as np
 import optax
 
 import jaxjob
+
+job_start.imported()
 
 EPOCHS = 6
 tx = optax.adam(1e-2)

@@ -1,5 +1,9 @@
 """A job on a mesh with Explicit axes (jax.make_mesh's default): tasks reshard, JobRunner(mesh=)."""
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import sys
 
 import jax
@@ -7,6 +11,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import jaxjob
+
+job_start.imported()
 
 MESH = jax.make_mesh((jax.device_count(),), ("batch",))  # Explicit axes
 

@@ -7,6 +7,10 @@ land anywhere (keeping the last 4 epochs where jaxjob has retention); then write
 workspace with ``jaxjob.testing.dump_workspace``.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import sys
 import time
 
@@ -21,6 +25,8 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+
+job_start.imported()
 
 TX = optax.adam(0.05)
 MESH = jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))

@@ -7,6 +7,10 @@ after the epoch) and prints ``EPOCH <k>`` once it has run, before its save.
 With ``--sigint-preempts`` SIGINT is a preemption signal too.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import argparse
 import signal
 import time
@@ -14,6 +18,8 @@ import time
 import jax.numpy as jnp
 
 import jaxjob
+
+job_start.imported()
 
 EPOCHS = 200  # bounds the disk a run can fill (200 x 16 MiB) if no SIGINT ever comes
 PAUSE_S = 0.1  # per epoch, before it prints: 20 s at least, for a loaded test to send SIGINT

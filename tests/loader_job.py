@@ -12,6 +12,10 @@ run, the batches loaded and trained on, before the save). The final workspace is
 written with ``jaxjob.testing.dump_workspace``.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import sys
 
 import jax
@@ -21,6 +25,8 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 import jaxjob
+
+job_start.imported()
 
 BATCH, STEPS = 8, 3
 DATA = np.random.default_rng(0).normal(size=(48, 4)).astype(np.float32)

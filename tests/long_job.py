@@ -11,6 +11,10 @@ epoch N``, writes the final workspace to OUT_NPZ, and exits 3 printing
 under ``jaxjob launch -n 2``.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import argparse
 import json
 import logging
@@ -25,6 +29,8 @@ import jax  # noqa: E402
 from exact_job import dump  # noqa: E402
 
 from jaxjob._src.core.job import EPOCH_COUNTER  # noqa: E402
+
+job_start.imported()
 
 
 def build_job(epochs: int, size: int, sleep_per_epoch: float) -> jaxjob.Job:

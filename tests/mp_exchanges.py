@@ -9,6 +9,10 @@ names of the exchanges made between the starts of consecutive epochs (an epoch's
 boundary check and, when due, the save).
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import contextlib
 import json
 import sys
@@ -20,6 +24,8 @@ jaxjob.distributed.initialize()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+
+job_start.imported()
 
 PREFIX, EPOCHS = sys.argv[1], int(sys.argv[2])
 CALLS: list[str] = []

@@ -5,6 +5,10 @@ Usage: ``python mp_hosts.py CALLS [LATE]``: every process makes CALLS exchanges 
 exchange and sleeps instead, and the others print ``TIMEOUT {json}``.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import json
 import os
 import sys
@@ -15,6 +19,8 @@ import jaxjob
 jaxjob.distributed.initialize()
 
 import jax  # noqa: E402
+
+job_start.imported()
 
 CALLS = int(sys.argv[1])
 LATE = int(sys.argv[2]) if len(sys.argv) > 2 else None

@@ -11,6 +11,10 @@ checkpoints as not accessible at that epoch's save;
 It prints one ``RESULT {json}`` line per process.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import json
 import os
 import signal
@@ -29,6 +33,8 @@ import orbax.checkpoint as ocp  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from mp_digest import digest  # noqa: E402
+
+job_start.imported()
 
 PREFIX, EPOCHS = sys.argv[1], int(sys.argv[2])
 OPTS = json.loads(os.environ.get("MP_JOB", "{}"))

@@ -5,6 +5,10 @@ Usage (every process, under ``jaxjob launch``): ``python mp_nodes.py DB_PREFIX E
 Prints ``RESULT {json}`` per process, with the leaves ``load_blobs_locally`` gathered.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import json
 import sys
 
@@ -17,6 +21,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+
+job_start.imported()
 
 PREFIX, EPOCHS = sys.argv[1], int(sys.argv[2])
 ME = jax.process_index()

@@ -5,6 +5,10 @@ Each process saves only ``trainer_i.<epoch>``; after training, process 0 gathers
 every node's ``w_i`` with ``load_blobs_locally``. Prints ``RESULT {json}``.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import json
 import sys
 
@@ -15,6 +19,8 @@ jaxjob.distributed.initialize()
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+job_start.imported()
 
 PREFIX, EPOCHS = sys.argv[1], int(sys.argv[2])
 ME = jax.process_index()

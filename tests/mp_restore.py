@@ -7,6 +7,10 @@ error unless the process count is the saved one), then with the saved process
 ``p % 2`` for process ``p``.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import json
 import sys
 
@@ -18,6 +22,8 @@ import jax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from mp_digest import digest  # noqa: E402
+
+job_start.imported()
 
 PREFIX = sys.argv[1]
 mesh = jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))

@@ -4,6 +4,10 @@ Usage: ``python progress_job.py DB_PREFIX [absl]``; ``absl`` opts in to Orbax's 
 Runs alone or on every process under ``jaxjob launch``.
 """
 
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
 import logging
 import sys
 
@@ -12,6 +16,8 @@ logging.basicConfig(level=logging.INFO)  # before Orbax's import configures the 
 import jax.numpy as jnp  # noqa: E402
 
 import jaxjob  # noqa: E402
+
+job_start.imported()
 
 if "absl" in sys.argv[2:]:
     logging.getLogger("absl").setLevel(logging.INFO)
