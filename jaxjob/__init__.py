@@ -9,7 +9,6 @@ implementation lives in ``jaxjob._src``, one folder per layer.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -41,7 +40,6 @@ _EXPORTS = {  # public name -> the module defining it
 }
 
 __all__ = sorted([*_SUBMODULES, *_EXPORTS])
-__version__ = importlib.metadata.version("jaxjob")
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; the same names as _EXPORTS
     from jaxjob import distributed as distributed
@@ -84,6 +82,11 @@ class _Package(types.ModuleType):
     """The package module: public names load on first access."""
 
     def __getattr__(self, name: str) -> Any:
+        if name == "__version__":  # read on first use: importing jaxjob reads no package metadata
+            import importlib.metadata
+
+            self.__dict__[name] = importlib.metadata.version("jaxjob")
+            return self.__dict__[name]
         if name not in __all__:
             raise AttributeError(f"module 'jaxjob' has no attribute {name!r}")
         value = _resolve(name)

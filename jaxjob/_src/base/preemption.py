@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import signal
 import threading
 from collections.abc import Iterable
@@ -65,7 +66,9 @@ def check_signals(signals: Iterable[Any]) -> tuple[signal.Signals, ...]:
     return tuple(dict.fromkeys(checked))
 
 
+@functools.cache
 def _libc() -> Any:
+    """The C library (for ``sigaction``), found once: ``find_library`` runs ``ldconfig -p``."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         return libc if hasattr(libc, "sigaction") else None
