@@ -50,7 +50,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "jobs")]
 
 from cloud_servers import (  # noqa: E402,F401  (session fixtures: real local object stores)
     cloud_servers,
@@ -63,7 +63,7 @@ from cloud_servers import (  # noqa: E402,F401  (session fixtures: real local ob
 # module -> its expensive module-scoped fixture; tests using it share one xdist worker (one
 # group per fixture parameter, e.g. the 1- and 2-process references of test_testing.py).
 _SHARED_RUNS = {
-    "test_cli.py": "run_dir",
+    "test_commands.py": "run_dir",
     "test_exactness.py": "reference",
     "test_multiprocess.py": "exchanges",
     "test_multiprocess_faults.py": "reference",

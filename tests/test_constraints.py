@@ -3,13 +3,14 @@
 import os
 import re
 
+import paths
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = paths.ROOT
 
 
 def _pins():

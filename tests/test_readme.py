@@ -6,7 +6,9 @@ import re
 import subprocess
 import sys
 
-README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+import paths
+
+README = os.path.join(paths.ROOT, "README.md")
 
 
 def test_readme_example_runs_and_resumes(tmp_path):
@@ -27,7 +29,7 @@ def test_readme_example_runs_and_resumes(tmp_path):
     assert abs(float(outs[0][1]) - 1.0) < 0.05  # learns w = [1, 1, 1]
 
 
-PACKAGE = os.path.join(os.path.dirname(__file__), "..", "jaxjob")
+PACKAGE = os.path.join(paths.ROOT, "jaxjob")
 
 
 def _first_line(path):

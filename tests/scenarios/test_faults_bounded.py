@@ -12,6 +12,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+import paths
 import pytest
 
 import jaxjob
@@ -19,7 +20,7 @@ from jaxjob._src.base import fs
 from jaxjob._src.checkpoint import restore as restore_lib
 from jaxjob._src.manager import lock, retention
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = paths.ROOT
 
 
 def _child_env(**extra: str) -> dict[str, str]:

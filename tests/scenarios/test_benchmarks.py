@@ -5,9 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import paths
 import pytest
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(paths.ROOT)
 
 
 @pytest.mark.slow

@@ -7,11 +7,12 @@ import warnings
 
 import jax.numpy as jnp
 import numpy as np
+import paths
 import pytest
 
 import jaxjob
 
-HERE = os.path.dirname(__file__)
+HERE = paths.JOBS
 
 
 def _job(init_names=("params",), epoch_out="params", size=3):

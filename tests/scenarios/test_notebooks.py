@@ -5,10 +5,11 @@ import re
 import time
 
 import nbformat
+import paths
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = os.path.join(os.path.dirname(__file__), "..", "notebooks")
+NOTEBOOKS = os.path.join(paths.ROOT, "notebooks")
 
 
 def _execute(name):

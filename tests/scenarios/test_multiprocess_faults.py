@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import paths
 import pytest
 
-HERE = Path(__file__).parent
+HERE = Path(paths.JOBS)
 
 
 def _run(argv, *, env=None, timeout=180):

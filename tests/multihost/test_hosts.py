@@ -8,12 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import paths
 import pytest
 
 import jaxjob
 import jaxjob._src.multihost.launch
 
-HERE = Path(__file__).parent
+HERE = Path(paths.JOBS)
 
 
 def _launch(n, *args):

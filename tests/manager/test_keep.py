@@ -7,6 +7,7 @@ import sys
 
 import jax.numpy as jnp
 import numpy as np
+import paths
 import pytest
 from long_job import build_job, reference
 
@@ -15,7 +16,7 @@ from jaxjob import keep
 from jaxjob._src.base import faults
 from jaxjob._src.checkpoint import manifest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
+SCRIPT = os.path.join(paths.JOBS, "long_job.py")
 
 
 @pytest.mark.parametrize(

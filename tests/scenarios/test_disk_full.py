@@ -7,13 +7,14 @@ import subprocess
 import sys
 
 import numpy as np
+import paths
 import pytest
 from long_job import reference
 
 import jaxjob
 from jaxjob._src.base import faults
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
+SCRIPT = os.path.join(paths.JOBS, "long_job.py")
 SIZE = 262144  # float32 leaves: each checkpoint is about 1 MiB
 
 

@@ -6,10 +6,11 @@ import sys
 
 import jax
 import numpy as np
+import paths
 
 import jaxjob
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "examples", "digits.py")
+SCRIPT = os.path.join(paths.ROOT, "examples", "digits.py")
 
 
 def _digits(*args):

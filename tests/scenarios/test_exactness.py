@@ -8,11 +8,12 @@ import time
 
 import exact_job
 import numpy as np
+import paths
 import pytest
 
 import jaxjob
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "exact_job.py")
+SCRIPT = os.path.join(paths.JOBS, "exact_job.py")
 
 
 def _run(ckpt, out, *extra, expect_kill=False):

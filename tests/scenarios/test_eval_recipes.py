@@ -3,9 +3,10 @@
 import os
 import re
 
+import paths
 import pytest
 
-README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+README = os.path.join(paths.ROOT, "README.md")
 
 CHECKS = {
     "nnx": """

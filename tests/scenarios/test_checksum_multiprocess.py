@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from test_checksum import flip_file
+from damage import flip_file
 
 from jaxjob._src.checkpoint import verify
 

@@ -9,17 +9,18 @@ Grain ``DataLoader`` and a two-device mesh, killed with SIGKILL at random
 epochs and restarted, end bitwise equal to an uninterrupted run.
 """
 
+import os
 import random
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import paths
 import pytest
 
 import jaxjob
 from jaxjob import testing
 
-JOB = str(Path(__file__).parent / "loader_job.py")
+JOB = os.path.join(paths.JOBS, "loader_job.py")
 EPOCHS = 5
 DATA = np.arange(60, dtype=np.float32).reshape(30, 2) / 7
 

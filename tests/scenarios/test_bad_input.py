@@ -15,13 +15,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import paths
 import pytest
 
 import jaxjob
 from jaxjob._src.checkpoint import checksum
 
-README = Path(__file__).parent.parent / "README.md"
-BEGIN = "<!-- bad-input table: rendered from tests/test_bad_input.py CASES -->"
+README = Path(paths.ROOT) / "README.md"
+BEGIN = "<!-- bad-input table: rendered from tests/scenarios/test_bad_input.py CASES -->"
 END = "<!-- end of the bad-input table -->"
 
 

@@ -11,11 +11,12 @@ import sys
 import termios
 
 import jax.numpy as jnp
+import paths
 import pytest
 
 import jaxjob
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "progress_job.py")
+SCRIPT = os.path.join(paths.JOBS, "progress_job.py")
 TIMES = r"time \d+\.\d{3}s  save \d+\.\d{3}s"
 LINES = [
     rf"epoch 1  loss 1\.0000  accuracy 0\.0000  {TIMES}",

@@ -9,11 +9,12 @@ import sys
 import time
 
 import numpy as np
+import paths
 import pytest
 
 import jaxjob
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "interrupt_job.py")
+SCRIPT = os.path.join(paths.JOBS, "interrupt_job.py")
 SIZE = 1 << 22  # float32: 16 MiB a checkpoint, so that the signal lands in a save
 
 

@@ -12,68 +12,23 @@ import exact_job
 import jax
 import jax.numpy as jnp
 import numpy as np
+import paths
 import pytest
+from damage import (
+    damage_manifest,
+    delete,
+    flip_bytes,
+    flip_file,
+    largest_data_file,
+    read,
+    truncate,
+    write,
+)
 
 import jaxjob
 from jaxjob._src.checkpoint import checksum, verify
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "exact_job.py")
-
-
-# ---- corruptions (each applied to one committed checkpoint directory) ----------------------
-
-
-def largest_data_file(path):
-    """The largest data file of the checkpoint's ``state`` item (in an OCDBT ``d/`` directory)."""
-    files = [
-        os.path.join(root, name)
-        for root, _, names in os.walk(os.path.join(path, "state"))
-        for name in names
-        if os.path.basename(root) == "d"
-    ]
-    return max(sorted(files), key=os.path.getsize)
-
-
-def _read(file, mode="r"):
-    with open(file, mode) as f:
-        return f.read()
-
-
-def _write(file, data, mode="w"):
-    with open(file, mode) as f:
-        f.write(data)
-
-
-def flip_bytes(path):
-    """Inverts 64 bytes in the middle of the largest data file."""
-    flip_file(largest_data_file(path))
-
-
-def flip_file(file):
-    """Inverts 64 bytes in the middle of ``file``."""
-    data = bytearray(_read(file, "rb"))
-    middle = len(data) // 2
-    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
-    _write(file, data, "wb")
-
-
-def truncate(path):
-    """Cuts the largest data file to half its size."""
-    file = largest_data_file(path)
-    os.truncate(file, os.path.getsize(file) // 2)
-
-
-def delete(path):
-    """Deletes the largest data file."""
-    os.remove(largest_data_file(path))
-
-
-def damage_manifest(path):
-    """Changes one letter of the manifest's node name: valid JSON, wrong checksum."""
-    file = os.path.join(path, "jaxjob", "manifest.json")
-    text = _read(file)
-    assert '"node": "local"' in text
-    _write(file, text.replace('"node": "local"', '"node": "locaL"', 1))
+SCRIPT = os.path.join(paths.JOBS, "exact_job.py")
 
 
 CORRUPTIONS = {
@@ -121,13 +76,13 @@ def _copy(saved, tmp_path):
 def test_an_intact_checkpoint_verifies_and_records_every_leaf(saved):
     """Every stored leaf has a checksum record; verify finds nothing and restore succeeds."""
     path = os.path.join(saved, "local.1")
-    doc = json.loads(_read(os.path.join(path, "jaxjob", "manifest.json")))
+    doc = json.loads(read(os.path.join(path, "jaxjob", "manifest.json")))
     assert doc["checksums"] == {
         "algorithm": "crc32-of-4k-sums",
         "files": ["checksums.0.json"],
     }
     assert doc["self_checksum"] == checksum.doc_checksum(doc)
-    records = json.loads(_read(os.path.join(path, "jaxjob", "checksums.0.json")))
+    records = json.loads(read(os.path.join(path, "jaxjob", "checksums.0.json")))
     assert sorted(records["leaves"]) == sorted(leaf["name"] for leaf in doc["leaves"])
     assert verify.verify_checkpoint(path) == []
     assert jaxjob.CheckpointManager(saved).verify(1) == []
@@ -167,9 +122,9 @@ def test_a_damaged_checksum_file_is_reported(saved, tmp_path):
     """A checksum file edited by hand, or deleted, makes the checkpoint corrupt."""
     prefix = _copy(saved, tmp_path)
     file = os.path.join(prefix, "local.1", "jaxjob", "checksums.0.json")
-    doc = json.loads(_read(file))
+    doc = json.loads(read(file))
     doc["leaves"]["l0"][0][1] ^= 1
-    _write(file, json.dumps(doc))
+    write(file, json.dumps(doc))
     with pytest.raises(jaxjob.CorruptCheckpointError, match="checksums.0.json' fails its own"):
         jaxjob.restore(prefix)
     os.remove(file)

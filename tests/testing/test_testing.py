@@ -18,6 +18,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import package_files
+import paths
 import pytest
 
 import jaxjob
@@ -25,7 +26,7 @@ from jaxjob import testing
 from jaxjob._src.base import faults
 from jaxjob._src.manager import lock
 
-JOB = str(Path(__file__).parent / "fault_job.py")
+JOB = str(Path(paths.JOBS) / "fault_job.py")
 SOURCE = Path(testing.__file__).parent
 EPOCHS = 10
 

@@ -12,6 +12,7 @@ import time
 
 import jax.numpy as jnp
 import numpy as np
+import paths
 import pytest
 
 import jaxjob
@@ -21,7 +22,7 @@ import jaxjob.cli
 from jaxjob._src.base import faults, fs
 from jaxjob._src.manager import lock
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "long_job.py")
+SCRIPT = os.path.join(paths.JOBS, "long_job.py")
 
 
 def _lock_file(db_prefix):

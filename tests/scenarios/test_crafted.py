@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import package_files
 import pytest
-from test_checksum import flip_file, largest_data_file
+from damage import flip_file, largest_data_file
 
 import jaxjob
 from jaxjob._src.checkpoint import checksum, verify

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import paths
 import pytest
 
 SCRIPT = textwrap.dedent(
@@ -73,7 +74,7 @@ def _run_script(tmp_path, script, epochs):
     """Runs tests/``script`` on 2 processes; returns each process's RESULT json, by process."""
     proc = subprocess.run(
         [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
-        + [os.path.join(os.path.dirname(__file__), script), str(tmp_path), str(epochs)],
+        + [os.path.join(paths.JOBS, script), str(tmp_path), str(epochs)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -118,7 +119,7 @@ def test_each_process_saves_its_own_node(tmp_path):
 
 @pytest.fixture(scope="module")
 def exchanges(tmp_path_factory):
-    """Every process's exchanges per epoch of 4-epoch jobs (tests/mp_exchanges.py), by variant."""
+    """Every process's exchanges per epoch of 4-epoch jobs (tests/jobs/mp_exchanges.py), by variant."""
     return _run_script(tmp_path_factory.mktemp("exchanges"), "mp_exchanges.py", 4)
 
 
