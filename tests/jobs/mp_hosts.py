@@ -1,4 +1,4 @@
-"""Cross-process exchanges for tests/multihost/test_hosts.py, run on every process under ``jaxjob launch``.
+"""Cross-process exchanges for multihost/test_hosts.py, made by every process of a launched job.
 
 Usage: ``python mp_hosts.py CALLS [LATE]``: every process makes CALLS exchanges and prints
 ``RESULT {json}`` with what it received; with LATE, that process skips the last

@@ -119,7 +119,7 @@ def test_each_process_saves_its_own_node(tmp_path):
 
 @pytest.fixture(scope="module")
 def exchanges(tmp_path_factory):
-    """Every process's exchanges per epoch of 4-epoch jobs (tests/jobs/mp_exchanges.py), by variant."""
+    """Every process's exchanges per epoch of 4-epoch jobs (jobs/mp_exchanges.py), by variant."""
     return _run_script(tmp_path_factory.mktemp("exchanges"), "mp_exchanges.py", 4)
 
 
