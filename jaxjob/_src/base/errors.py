@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import jax
 
-__all__ = ["CheckpointInUseError", "CheckpointSaveError", "CorruptCheckpointError", "Preempted"]
+__all__ = [
+    "CheckpointInUseError",
+    "CheckpointSaveError",
+    "CorruptCheckpointError",
+    "Preempted",
+    "as_save_error",
+]
 
 
 class CheckpointSaveError(RuntimeError):
@@ -29,6 +35,25 @@ class CheckpointSaveError(RuntimeError):
         super().__init__(f"saving checkpoint epoch {epoch} to {db!r} failed{where}: {what}")
         self.epoch = epoch
         self.db_name = db
+
+
+def as_save_error(
+    epoch: int, where: str, err: BaseException | str, processes: list[int] | None = None
+) -> CheckpointSaveError:
+    """``err`` as the :class:`CheckpointSaveError` of the save of ``epoch`` at ``where``.
+
+    A save error is returned as it is; another exception becomes the cause.
+
+    Example:
+        >>> failure = as_save_error(3, "runs/x/local.3", OSError("disk full"))
+        >>> type(failure.__cause__).__name__, as_save_error(3, "elsewhere", failure) is failure
+        ('OSError', True)
+    """
+    if isinstance(err, CheckpointSaveError):
+        return err
+    failure = CheckpointSaveError(epoch, where, err, processes)
+    failure.__cause__ = err if isinstance(err, BaseException) else None
+    return failure
 
 
 class Preempted(RuntimeError):

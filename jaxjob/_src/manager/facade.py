@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from jaxjob._src.base import fs
-from jaxjob._src.base.errors import CheckpointSaveError, CorruptCheckpointError
+from jaxjob._src.base.errors import CheckpointSaveError, CorruptCheckpointError, as_save_error
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import verify
 from jaxjob._src.checkpoint.hostlocal import HostMap
@@ -338,8 +338,7 @@ class ManagerCore:
             self._metadata_handler.write(epoch=epoch)
         except OSError as err:
             where = fs.join(self._db_prefix, METADATA_FILE)
-            failure = CheckpointSaveError(epoch, where, err)
-            failure.__cause__ = err
+            failure = as_save_error(epoch, where, err)
             logger.debug("metadata record failed: %s", failure)
             self._metadata_failures.append(failure)
 

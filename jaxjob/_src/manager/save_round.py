@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from jaxjob._src.base.errors import CheckpointSaveError
+from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
 from jaxjob._src.manager.records import ProcessStats, SavePost
 from jaxjob._src.manager.writer import NodeWriter, SavePlan
 from jaxjob._src.multihost import hosts
@@ -155,7 +155,7 @@ def _conclude(writers, plans: Mapping[str, SavePlan], posts, how: Round):
         if name in plans:
             problem = writer.conclude(plans[name], [p[name] for p in posts if name in p])
             if how.keyed and isinstance(problem, OSError):  # its prefix is not writable here
-                problem = _save_error(plans[name], problem)
+                problem = as_save_error(plans[name].epoch, plans[name].path, problem)
             problems.append(problem)
         elif writer.private:  # another process's own node
             previous, problem = _elsewhere(posts[writer.owner_process][name], writer.owner_process)
@@ -193,12 +193,6 @@ def _start(own: Sequence[NodeWriter], plans: Mapping[str, SavePlan], current):
         except Exception as err:  # this process's own problem, raised as it is
             current = current or err
     return previous, current
-
-
-def _save_error(plan: SavePlan, err: OSError) -> CheckpointSaveError:
-    failure = CheckpointSaveError(plan.epoch, plan.path, err)
-    failure.__cause__ = err
-    return failure
 
 
 def _elsewhere(post: SavePost, owner: int):

@@ -23,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxjob._src.base import fs, preemption
-from jaxjob._src.base.errors import CheckpointSaveError
+from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import manifest, storage
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
@@ -303,11 +303,7 @@ class NodeWriter:
         *,
         count: bool = True,
     ) -> CheckpointSaveError:
-        if isinstance(err, CheckpointSaveError):
-            failure = err
-        else:
-            failure = CheckpointSaveError(epoch, path, err, processes)
-            failure.__cause__ = err if isinstance(err, BaseException) else None
+        failure = as_save_error(epoch, path, err, processes)
         if count:
             self.failures.append(failure)
         else:

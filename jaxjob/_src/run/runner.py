@@ -12,7 +12,7 @@ import jax
 
 from jaxjob._src.base import faults
 from jaxjob._src.base.checks import is_int
-from jaxjob._src.base.errors import CheckpointSaveError
+from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.preemption import SignalWatch, check_signals
 from jaxjob._src.checkpoint.codec import UnstorableLeafError
@@ -28,7 +28,7 @@ from jaxjob._src.run.agreement import Boundary, agree_boundary, any_process
 from jaxjob._src.run.interval import SaveClock, SaveInterval
 from jaxjob._src.run.progress import Progress, check_names
 from jaxjob._src.run.resume import restore_targets, resume_epoch
-from jaxjob._src.run.save_failures import SAVE_ERROR_POLICIES, SaveFailures, as_save_error
+from jaxjob._src.run.save_failures import SAVE_ERROR_POLICIES, SaveFailures
 from jaxjob._src.run.upload import UploadTaskGroupBuilder
 
 __all__ = ["JobRunner"]

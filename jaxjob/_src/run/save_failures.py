@@ -20,7 +20,7 @@ from jaxjob._src.base.preemption import HeldSignal
 from jaxjob._src.manager.shared import Manager
 from jaxjob._src.multihost import hosts
 
-__all__ = ["SAVE_ERROR_POLICIES", "SaveFailures", "as_save_error", "one_line"]
+__all__ = ["SAVE_ERROR_POLICIES", "SaveFailures", "one_line"]
 
 logger = get_logger("jaxjob._src.run.runner")
 SAVE_ERROR_POLICIES = ("warn", "raise")
@@ -147,15 +147,6 @@ def one_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines() or [type(err).__name__]
     more = f" (and {len(lines) - 1} more lines, logged at DEBUG)" if len(lines) > 1 else ""
     return lines[0] + more
-
-
-def as_save_error(epoch: int, where: str, err: BaseException) -> CheckpointSaveError:
-    """``err`` as the :class:`CheckpointSaveError` of the save of ``epoch`` at ``where``."""
-    if isinstance(err, CheckpointSaveError):
-        return err
-    failure = CheckpointSaveError(epoch, where, err)
-    failure.__cause__ = err
-    return failure
 
 
 def cause_text(err: CheckpointSaveError) -> str:
