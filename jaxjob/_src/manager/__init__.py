@@ -1,4 +1,4 @@
-"""A series of epochs' checkpoints: the two managers, metadata, retention, locks, boundaries.
+"""A series of epochs' checkpoints: one node save engine, two managers over it, locks, retention.
 
 Imports ``base``, ``core``, ``multihost``, ``internals`` and ``checkpoint``.
 """
