@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 
 import jaxjob
@@ -273,3 +274,73 @@ def test_both_managers_accept_an_options_object(tmp_path, manager):
         manager(str(tmp_path), options=options, timeout_s=5)
     with pytest.raises(TypeError, match=r"options must be a jaxjob.CheckpointOptions, got dict"):
         manager(str(tmp_path), options={"timeout_s": 5})
+
+
+class _Recording(jaxjob.DiskMetadataHandler):
+    """Records the epochs whose commit the manager reports; denies access when told to."""
+
+    def __init__(self):
+        super().__init__()
+        self.written, self.deny = [], False
+
+    def write(self, epoch):
+        self.written.append(epoch)
+        super().write(epoch)
+
+    def cp_accessible(self, epoch=None):
+        return not self.deny
+
+
+@pytest.mark.parametrize("multinode", [False, True])
+def test_a_metadata_record_waits_for_its_commit_through_a_refused_save(tmp_path, multinode):
+    """A save refused by cp_accessible finishes nothing: the record of the save in flight is
+    written once that save has committed, not when the refused save returns."""
+    handler = _Recording()
+    if multinode:
+        ckpt = jaxjob.MultiNodeCheckpointManager(str(tmp_path), metadata_handler=handler)
+        ckpt.init(["local"])
+    else:
+        ckpt = jaxjob.CheckpointManager(str(tmp_path), metadata_handler=handler)
+    ckpt.save(0, {"x": jnp.zeros(2)})
+    ckpt.write_checkpoint_metadata(0)
+    handler.deny = True
+    assert ckpt.cp_accessible() is False
+    with pytest.raises((PermissionError, jaxjob.CheckpointSaveError), match="not accessible"):
+        ckpt.save(1, {"x": jnp.ones(2)})
+    assert ckpt.has_pending() and handler.written == []  # epoch 0 is still in flight
+    ckpt.wait_until_finished()
+    assert handler.written == [0] and ckpt.committed_epochs() == [0]
+    ckpt.close()
+
+
+def test_a_failed_write_drops_its_metadata_record(tmp_path, monkeypatch):
+    """A save whose background write failed never gets a commit record, even when the round
+    that found the failure ends before the manager writes records (here: by hand)."""
+    handler = _Recording()
+    ckpt = jaxjob.CheckpointManager(str(tmp_path), metadata_handler=handler)
+    ckpt.save(0, {"x": jnp.zeros(2)})
+    ckpt.write_checkpoint_metadata(0)
+    real = ocp.AsyncCheckpointer.wait_until_finished
+
+    def failing(self):
+        real(self)
+        raise OSError("injected: disk full")
+
+    monkeypatch.setattr(ocp.AsyncCheckpointer, "wait_until_finished", failing)
+    assert ckpt._writer.finish().epoch == 0  # the failure found, as a round's prepare finds it
+    monkeypatch.setattr(ocp.AsyncCheckpointer, "wait_until_finished", real)
+    assert ckpt.finish_local() == []  # nothing in flight any more
+    assert handler.written == []
+    ckpt.close()
+
+
+def test_verify_reads_the_path_prefix_checkpoints(tmp_path):
+    """With set_params(path_prefix=...), verify and the resume decision read those checkpoints."""
+    saved = tmp_path / "saved"
+    ckpt = jaxjob.CheckpointManager(str(saved))
+    ckpt.save(0, {"x": jnp.zeros(2)})
+    ckpt.close()
+    reader = jaxjob.CheckpointManager(str(tmp_path / "other"))
+    reader.set_params(["local"], path_prefix=f"{saved}/")
+    assert reader.committed_epochs() == [0]
+    assert reader.verify(0) == [] and reader.get_resume_from_epoch_id() == 0

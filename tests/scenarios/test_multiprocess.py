@@ -201,3 +201,55 @@ def test_processes_disagreeing_on_a_leaf_fail_the_save_on_every_process(tmp_path
         assert "workspace leaf ['c'] is a jax.Array on one device of each process" in values
         assert "its value on process 1 differs from process 0's" in values
         assert result["committed"] == [2]  # the failed saves left nothing behind
+
+
+LOAD_THEN_SAVE = textwrap.dedent(
+    """
+    import json, sys
+    import jaxjob
+    jaxjob.distributed.initialize()
+    import jax, jax.numpy as jnp
+
+    me = jax.process_index()
+    ckpt = jaxjob.MultiNodeCheckpointManager(sys.argv[1], timeout_s=30, node_processes={"a": 1})
+    ckpt.init(["a", "b"], key_nodes={"xa": "a", "xb": "b"})
+    ws = {"xb": jnp.ones(2), **({"xa": jnp.zeros(2)} if me == 1 else {})}
+    ckpt.save(0, ws)
+    ckpt.report_checkpoint_stats("checkpoint_save")
+    ckpt.wait_until_finished()
+    session = jaxjob.Session()
+    loaded = ckpt.load_blobs_locally(["a", "b"], ["xb"], 0, session)  # every node, every process
+    ckpt.report_checkpoint_stats("checkpoint_partial_load")
+    ckpt.save(1, ws)
+    ckpt.report_checkpoint_stats("checkpoint_save")
+    ckpt.wait_until_finished()
+    actions = [h["action"] for h in ckpt.metadata_handler.history]
+    result = {"process": me, "loaded": loaded, "actions": actions,
+              "committed": ckpt.committed_epochs()}
+    print("RESULT", json.dumps(result))
+    """
+)
+
+
+def test_a_load_of_another_process_node_keeps_the_processes_in_step(tmp_path):
+    """Every process loads every node (one is process 1's own), then saves: every process
+    reports the save's stats the same way (no exchange on one process only), and both commit."""
+    (tmp_path / "load_then_save.py").write_text(LOAD_THEN_SAVE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
+        + [str(tmp_path / "load_then_save.py"), str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = [json.loads(line.split("RESULT ")[1]) for line in proc.stdout.splitlines()
+               if "RESULT" in line]  # fmt: skip
+    assert len(results) == 2
+    for result in results:
+        assert result["loaded"] is True and result["committed"] == [0, 1]
+        assert result["actions"] == [
+            "checkpoint_save",
+            "checkpoint_partial_load",
+            "checkpoint_save",
+        ]

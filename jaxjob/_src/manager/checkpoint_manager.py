@@ -144,6 +144,7 @@ class CheckpointManager(ManagerCore):
             owner_process=check_owner(owner_process),
             required_outputs=self.required_outputs,
             committed=self.committed_epochs,
+            on_failure=self._metadata_failed,
         )
         self._exchange_stats = not self._writer.private
         if self._keep:
@@ -268,6 +269,7 @@ class CheckpointManager(ManagerCore):
             ValueError: If a target differs from the checkpoint (names the key path).
         """
         path, found = self._checkpoint(epoch, path_prefix, path_type)
+        self._loading()
         self._writer.reader.blob_names = found.state_keys
         return self._writer.load(path, found, found.state_keys, targets=targets)
 
@@ -276,7 +278,7 @@ class CheckpointManager(ManagerCore):
         alone = self._writer.private or jax.process_count() == 1
         if list(nodes) != [self._writer.node_name] or not alone:
             return super()._verify_nodes(epoch, nodes)
-        return self._writer.reader.verify(epoch)
+        return self._writer.reader.verify(epoch, self._path_prefix)
 
     def saved_shapes(self, epoch: int) -> dict[str, Any]:
         """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""
@@ -291,6 +293,7 @@ class CheckpointManager(ManagerCore):
     def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
         """Loads those of ``blob_names`` that this node's checkpoint of ``epoch`` holds."""
         path, found = self._checkpoint(epoch)
+        self._loading()
         wanted = [n for n in blob_names if n in found.state]
         return self._writer.load(path, found, wanted)
 
@@ -302,6 +305,7 @@ class CheckpointManager(ManagerCore):
         Returns:
             False, loading nothing, if the checkpoint of ``epoch`` is missing.
         """
+        self._loading()  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             return False
         loaded = self.load_blobs_from_checkpoint(blob_names, epoch)
@@ -343,5 +347,6 @@ class CheckpointManager(ManagerCore):
             CheckpointInUseError: If another live process writes this node here.
             HostTimeoutError: If another process does not arrive in time.
         """
+        self._writer.check_process()
         node = self._writer.node_name
         self._save_round(epoch, {node: (workspace, outputs)})

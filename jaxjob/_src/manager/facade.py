@@ -74,6 +74,7 @@ class ManagerCore:
         self._metadata_failures: list[CheckpointSaveError] = []
         self._nodes: list[str] = []
         self._round_stats: tuple[ProcessStats, ...] | None = None  # the last save round's
+        self._last_action: Action | None = None  # what the last save or load call was
         self._accessible = True  # the metadata handler's answer for the next save
         self._retention: retention.Retention | None = None
 
@@ -135,16 +136,27 @@ class ManagerCore:
             This save's problem on any process, else a previous save's failure.
         """
         writers = self._writers()
+        self._last_action, self._round_stats = Action.SAVE, None
         outcome = save_round.save_round(
             writers, epoch, items, self._how(epoch), accessible=self._take_access()
         )
         self._round_stats = outcome.stats
         self._flush_metadata(committed=outcome.previous is None)
-        self._retain(writing=epoch if self.has_pending() else None)
+        pending = [w.pending_epoch() for w in writers if w.has_pending()]
+        self._retain(writing=pending[0] if pending else epoch)  # in flight, or others write it
         if outcome.current is not None:
             raise outcome.current
         if outcome.previous is not None:
             raise outcome.previous
+
+    def _loading(self) -> None:
+        """Marks a load (on every process alike): its stats are exchanged when reported."""
+        self._last_action, self._round_stats = Action.LOAD, None
+
+    def _metadata_failed(self, epoch: int) -> None:
+        """Drops the pending metadata record of ``epoch``: its save failed on this process."""
+        if self._metadata_due == epoch:
+            self._metadata_due = None
 
     def _retain(self, writing: int | None) -> None:
         """Applies ``keep`` to every node together, on the deleting process; never raises."""
@@ -328,8 +340,15 @@ class ManagerCore:
             self._write_metadata(epoch)
 
     def _flush_metadata(self, committed: bool) -> None:
-        """Writes the deferred metadata record once its save committed; drops it if it failed."""
-        due, self._metadata_due = self._metadata_due, None
+        """Writes the deferred metadata record once its save committed; drops it if it failed.
+
+        A record whose save is still in flight (a save refused by
+        ``cp_accessible`` finished nothing) stays deferred.
+        """
+        due = self._metadata_due
+        if due is not None and due in [w.pending_epoch() for w in self._writers()]:
+            return
+        self._metadata_due = None
         if due is not None and committed:
             self._write_metadata(due)
 
@@ -361,8 +380,7 @@ class ManagerCore:
         """
         mine = self._last_stats()
         agreed, self._round_stats = self._round_stats, None
-        loaded = any(s.action is Action.LOAD for s in mine.values())
-        if agreed is not None and not loaded:
+        if agreed is not None and self._last_action is Action.SAVE:
             stats = boundary.merge_stats(agreed, mine)
         else:
             stats = boundary.gather_stats(mine, self.timeout_s, exchange=self._exchange_stats)

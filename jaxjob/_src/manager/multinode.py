@@ -63,7 +63,8 @@ class MultiNodeCheckpointManager(ManagerCore):
             any process's node is raised (or logged) on every process.
         keep: Which committed epochs to keep (see
             :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`); an epoch is
-            deleted for every node together, by process 0.
+            deleted for every node together, by process 0 (by the nodes' owner
+            when ``node_processes`` gives them all to one process).
         options: The options above but ``node_processes`` and ``keep`` as
             one :class:`~jaxjob.CheckpointOptions`.
 
@@ -161,6 +162,7 @@ class MultiNodeCheckpointManager(ManagerCore):
                 owner_process=self._node_processes.get(name),
                 required_outputs=self.required_outputs,
                 committed=lambda name=name: self._committed(name),
+                on_failure=self._metadata_failed,
             )
             for name in names
         ]
@@ -231,6 +233,7 @@ class MultiNodeCheckpointManager(ManagerCore):
     ) -> Workspace:
         """Loads and merges every node's checkpoint of ``epoch`` (private nodes: its own)."""
         merged: dict[str, Any] = {}
+        self._loading()
         for name, manager in self._own_managers():
             ws = manager.load(epoch, path_prefix, path_type, targets=targets)
             self._key_nodes.update(dict.fromkeys(ws, name))
@@ -255,6 +258,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         """Loads ``blob_names`` from every node's checkpoint of ``epoch`` that holds them."""
         names = list(blob_names)
         merged: dict[str, Any] = {}
+        self._loading()
         for _, manager in self.node_managers:
             merged.update(manager.load_blobs_from_checkpoint(names, epoch))
         return Workspace(merged)
@@ -273,6 +277,7 @@ class MultiNodeCheckpointManager(ManagerCore):
             KeyError: If no node's checkpoint holds a requested name.
         """
         self._make_managers(nodes)
+        self._loading()  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             missing = [n for n, m in self.node_managers if not m.check_db_exists(epoch)]
             logger.info("Checkpoints of nodes %s at epoch %d do not exist", missing, epoch)

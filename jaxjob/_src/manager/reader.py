@@ -112,16 +112,16 @@ class NodeReader:
         stats = Stats(found.epoch, storage.nbytes(items), None, duration, action=Action.LOAD)
         return Workspace(items), stats
 
-    def verify(self, epoch: int) -> list[str]:
+    def verify(self, epoch: int, path_prefix: str | None = None) -> list[str]:
         """Checks this node's checkpoint of ``epoch`` through the cached manifest and reader.
 
         Returns:
             One line per damaged leaf or file; empty when intact.
         """
         try:
-            path, found = self.checkpoint(epoch)
+            path, found = self.checkpoint(epoch, path_prefix)
         except ValueError:  # an unreadable manifest: verify_checkpoint says so, in its words
-            path = db_name(check_epoch(epoch), self.node_name, self.db_prefix)
+            path = db_name(check_epoch(epoch), self.node_name, self.db_prefix, path_prefix)
             return verify.verify_checkpoint(path)
         return verify.verify_checkpoint(path, reader=self.orbax(), found=found)
 

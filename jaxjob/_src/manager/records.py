@@ -1,8 +1,9 @@
 """The records of a save round: what processes exchange, and the stats metadata handlers get.
 
 Each record is a frozen dataclass whose ``to_json``/``from_json`` give the
-JSON that :func:`jaxjob.hosts.exchange` carries (the same JSON as before the
-records existed). :class:`SavePost` is one process's word on one node's save;
+JSON that :func:`jaxjob.hosts.exchange` carries (the keys processes always
+exchanged; a failure's stats now also carry ``bytes`` and ``duration_s``,
+None). :class:`SavePost` is one process's word on one node's save;
 :class:`Stats` one action on one checkpoint directory, tagged with the
 :class:`Action` it belongs to (the tag is not exchanged).
 

@@ -33,7 +33,8 @@ class Round:
 
     Attributes:
         what: Names the exchange (in timeout errors).
-        keyed: Post ``{node: post}`` (a multi-node manager) instead of one post.
+        keyed: Post ``{node: post}`` (a multi-node manager) instead of one post;
+            a multi-node round also reports an unwritable prefix as a save error.
         exchange: Whether the processes exchange their posts at all (not for a
             single node private to one process).
         timeout_s: The least time to wait for the other processes.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -55,6 +55,8 @@ class NodeWriter:
         options: The manager's options.
         owner_process: The process that alone saves this node, or None (every process, SPMD).
         required_outputs: The outputs whose values the manifest records (for ``keep``).
+        committed: Lists the committed epochs, for error messages.
+        on_failure: Called with the epoch of a save in flight that failed.
     """
 
     def __init__(
@@ -65,7 +67,8 @@ class NodeWriter:
         *,
         owner_process: int | None,
         required_outputs: Sequence[str] = (),
-        committed: Any = None,
+        committed: Callable[[], list[int]] | None = None,
+        on_failure: Callable[[int], None] | None = None,
     ) -> None:
         self.db_prefix = db_prefix
         self.node_name = node_name
@@ -81,6 +84,7 @@ class NodeWriter:
             committed=committed or (lambda: []),
         )
         self.failures: list[CheckpointSaveError] = []
+        self._on_failure = on_failure or (lambda epoch: None)
         self.last: tuple[str, Stats] | None = None  # this node's last save action
         self._saver: ocp.Checkpointer | None = None
         self._pending: Pending | None = None
@@ -163,7 +167,7 @@ class NodeWriter:
         epoch = check_epoch(epoch)
         for name in [*workspace, *(outputs or {})]:  # before the lock: nothing is written
             manifest.check_name(name)
-        self._check_process()
+        self.check_process()
         path = db_name(epoch, self.node_name, self.db_prefix)
         if not accessible:  # the metadata handler's verdict: touch nothing, finish nothing
             denied = PermissionError(
@@ -186,7 +190,8 @@ class NodeWriter:
             plan.problem = err
         return post_plan(plan)
 
-    def _check_process(self) -> None:
+    def check_process(self) -> None:
+        """Raises ValueError if this process may not save this private node."""
         if self.private and jax.process_index() != self.owner_process:
             raise ValueError(
                 f"node {self.node_name!r} is saved by process {self.owner_process} alone "
@@ -340,6 +345,7 @@ class NodeWriter:
                 self._remove_failed(pending.db)
                 put_back(pending.db, pending.superseded)
             failure = self.record_failure(pending.epoch, pending.db, err)
+            self._on_failure(pending.epoch)
             if deferred.received:  # the KeyboardInterrupt goes up, not the failure: log it
                 logger.warning("Unable to write checkpoint for epoch %d: %s", pending.epoch, err)
             deferred.raise_if_received()
