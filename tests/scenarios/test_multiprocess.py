@@ -176,23 +176,25 @@ DISAGREE = textwrap.dedent(
 )
 
 
-def test_processes_disagreeing_on_a_leaf_fail_the_save_on_every_process(tmp_path):
-    """Host-local leaves must match in shape, one-device jax.Arrays in value: else all raise."""
-    (tmp_path / "disagree.py").write_text(DISAGREE)
+def _launch_text(tmp_path, text):
+    """Runs the script ``text`` on 2 processes with a db_prefix; returns both RESULT jsons."""
+    (tmp_path / "script.py").write_text(text)
     proc = subprocess.run(
         [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
-        + [str(tmp_path / "disagree.py"), str(tmp_path / "ckpt")],
+        + [str(tmp_path / "script.py"), str(tmp_path / "ckpt")],
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = [
-        json.loads(line.split("RESULT ")[1])
-        for line in proc.stdout.splitlines()
-        if "RESULT" in line
-    ]
-    assert len(results) == 2
+    lines = [line for line in proc.stdout.splitlines() if "RESULT" in line]
+    assert len(lines) == 2, proc.stdout[-3000:]
+    return [json.loads(line.split("RESULT ")[1]) for line in lines]
+
+
+def test_processes_disagreeing_on_a_leaf_fail_the_save_on_every_process(tmp_path):
+    """Host-local leaves must match in shape, one-device jax.Arrays in value: else all raise."""
+    results = _launch_text(tmp_path, DISAGREE)
     for result in results:
         shapes, values = result["errors"]
         assert "host-local leaf ['cursor'] differs between processes" in shapes
@@ -234,18 +236,7 @@ LOAD_THEN_SAVE = textwrap.dedent(
 def test_a_load_of_another_process_node_keeps_the_processes_in_step(tmp_path):
     """Every process loads every node (one is process 1's own), then saves: every process
     reports the save's stats the same way (no exchange on one process only), and both commit."""
-    (tmp_path / "load_then_save.py").write_text(LOAD_THEN_SAVE)
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
-        + [str(tmp_path / "load_then_save.py"), str(tmp_path / "ckpt")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = [json.loads(line.split("RESULT ")[1]) for line in proc.stdout.splitlines()
-               if "RESULT" in line]  # fmt: skip
-    assert len(results) == 2
+    results = _launch_text(tmp_path, LOAD_THEN_SAVE)
     for result in results:
         assert result["loaded"] is True and result["committed"] == [0, 1]
         assert result["actions"] == [
