@@ -24,7 +24,7 @@ from jaxjob._src.checkpoint.layout import common_epochs, db_name, is_committed
 from jaxjob._src.manager import boundary, retention, save_round
 from jaxjob._src.manager import keep as keep_lib
 from jaxjob._src.manager.metadata import METADATA_FILE, DiskMetadataHandler, MetadataHandler
-from jaxjob._src.manager.records import Action, ProcessStats, Stats
+from jaxjob._src.manager.records import ProcessStats, Stats
 from jaxjob._src.manager.save_round import Round, deleting_process
 from jaxjob._src.manager.shared import CheckpointOptions, check_db_type
 from jaxjob._src.manager.writer import NodeWriter
@@ -73,8 +73,8 @@ class ManagerCore:
         self._metadata_due: int | None = None
         self._metadata_failures: list[CheckpointSaveError] = []
         self._nodes: list[str] = []
-        self._round_stats: tuple[ProcessStats, ...] | None = None  # the last save round's
-        self._last_action: Action | None = None  # what the last save or load call was
+        # the last save round's stats; every save and load call (alike on every process) resets it
+        self._round_stats: tuple[ProcessStats, ...] | None = None
         self._accessible = True  # the metadata handler's answer for the next save
         self._retention: retention.Retention | None = None
 
@@ -136,7 +136,7 @@ class ManagerCore:
             This save's problem on any process, else a previous save's failure.
         """
         writers = self._writers()
-        self._last_action, self._round_stats = Action.SAVE, None
+        self._round_stats = None
         outcome = save_round.save_round(
             writers, epoch, items, self._how(epoch), accessible=self._take_access()
         )
@@ -151,7 +151,7 @@ class ManagerCore:
 
     def _loading(self) -> None:
         """Marks a load (on every process alike): its stats are exchanged when reported."""
-        self._last_action, self._round_stats = Action.LOAD, None
+        self._round_stats = None
 
     def _metadata_failed(self, epoch: int) -> None:
         """Drops the pending metadata record of ``epoch``: its save failed on this process."""
@@ -186,7 +186,8 @@ class ManagerCore:
         Returns:
             Their failures (recorded, not raised).
         """
-        failures = [f for w in self._writers() if w.own for f in [w.finish()] if f is not None]
+        finished = [w.finish() for w in self._writers() if w.own]
+        failures = [f for f in finished if f is not None]
         self._flush_metadata(committed=not failures)
         return failures
 
@@ -380,7 +381,7 @@ class ManagerCore:
         """
         mine = self._last_stats()
         agreed, self._round_stats = self._round_stats, None
-        if agreed is not None and self._last_action is Action.SAVE:
+        if agreed is not None:
             stats = boundary.merge_stats(agreed, mine)
         else:
             stats = boundary.gather_stats(mine, self.timeout_s, exchange=self._exchange_stats)
