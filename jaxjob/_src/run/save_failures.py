@@ -17,6 +17,7 @@ import jax
 from jaxjob._src.base.errors import CheckpointSaveError, Preempted
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.preemption import HeldSignal
+from jaxjob._src.manager.records import error_text
 from jaxjob._src.manager.shared import Manager
 from jaxjob._src.multihost import hosts
 
@@ -51,7 +52,7 @@ class SaveFailures:
         """Records ``err``, reports it in the manager's stats, then warns or raises it."""
         self.errors.append(err)
         self._on_failed(err.epoch)
-        stats = {err.db_name: {"epoch": err.epoch, "error": cause_text(err)}}
+        stats = {err.db_name: {"epoch": err.epoch, "error": error_text(err)}}
         manager.metadata_handler.report("checkpoint_save", stats)
         if self.policy == "raise":
             raise err
@@ -77,7 +78,7 @@ class SaveFailures:
     def take_unshared(self) -> list[list[Any]]:
         """This process's failed metadata records as posted: ``[epoch, path, "Type: message"]``."""
         unshared, self._unshared = self._unshared, []
-        return [[e.epoch, e.db_name, cause_text(e)] for e in unshared]
+        return [[e.epoch, e.db_name, error_text(e)] for e in unshared]
 
     def shared(self, posts: Sequence[dict[str, Any]], manager: Manager) -> None:
         """Hands the failed metadata records of every process's post to the policy."""
@@ -147,9 +148,3 @@ def one_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines() or [type(err).__name__]
     more = f" (and {len(lines) - 1} more lines, logged at DEBUG)" if len(lines) > 1 else ""
     return lines[0] + more
-
-
-def cause_text(err: CheckpointSaveError) -> str:
-    """``"Type: message"`` of what made the save fail."""
-    cause = err.__cause__ or err
-    return f"{type(cause).__name__}: {cause}"
