@@ -9,8 +9,7 @@ import jaxjob
 from jaxjob._src.base.leaves import Kind
 from jaxjob._src.manager import boundary
 from jaxjob._src.manager.records import Action, LeafCheck, ProcessStats, SavePost, Stats
-from jaxjob._src.manager.save_round import deleting_process
-from jaxjob._src.manager.writer import NodeWriter
+from jaxjob._src.manager.supersede import deleting_process
 
 
 def test_a_save_post_is_the_json_processes_always_exchanged():
@@ -59,14 +58,9 @@ def test_merged_stats_name_the_slowest_process_and_sum_the_bytes():
     assert [h["process"] for h in merged["hosts"]] == [0, 1]
 
 
-def test_one_rule_says_which_process_deletes(tmp_path):
-    """The writers' one owner deletes; nodes every process saves, or mixed owners: process 0."""
-    options = jaxjob.CheckpointOptions()
-
-    def writer(node, owner):
-        return NodeWriter(str(tmp_path), node, options, owner_process=owner)
-
-    assert deleting_process([writer("a", None)]) == 0
-    assert deleting_process([writer("a", 3), writer("b", 3)]) == 3
-    assert deleting_process([writer("a", 3), writer("b", None)]) == 0
-    assert deleting_process([writer("a", 1), writer("b", 2)]) == 0
+def test_one_rule_says_which_process_deletes():
+    """The nodes' one owner deletes; nodes every process saves, or mixed owners: process 0."""
+    assert deleting_process([None]) == 0
+    assert deleting_process([3, 3]) == 3
+    assert deleting_process([3, None]) == 0
+    assert deleting_process([1, 2]) == 0

@@ -25,8 +25,9 @@ from jaxjob._src.manager import boundary, retention, save_round
 from jaxjob._src.manager import keep as keep_lib
 from jaxjob._src.manager.metadata import METADATA_FILE, DiskMetadataHandler, MetadataHandler
 from jaxjob._src.manager.records import ProcessStats, Stats
-from jaxjob._src.manager.save_round import Round, deleting_process
+from jaxjob._src.manager.save_round import Round
 from jaxjob._src.manager.shared import CheckpointOptions, check_db_type
+from jaxjob._src.manager.supersede import deleting_process
 from jaxjob._src.manager.writer import NodeWriter
 
 __all__ = ["ManagerCore"]
@@ -160,8 +161,8 @@ class ManagerCore:
 
     def _retain(self, writing: int | None) -> None:
         """Applies ``keep`` to every node together, on the deleting process; never raises."""
-        writers = self._writers()
-        if self._retention is not None and jax.process_index() == deleting_process(writers):
+        owners = [w.owner_process for w in self._writers()]
+        if self._retention is not None and jax.process_index() == deleting_process(owners):
             self._retention.apply(writing=writing)
 
     def wait_until_finished(self) -> None:

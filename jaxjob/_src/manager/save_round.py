@@ -8,7 +8,7 @@ concludes from every process's post, and then all of them start or none
 does. A single-node manager posts its one node's post as it is; a
 multi-node manager posts ``{node: post}`` (``keyed``). A node private to
 another process (``owner_process``) is concluded from its owner's post.
-:func:`deleting_process` is the one rule for which process deletes epochs.
+Which process deletes is one rule, :func:`jaxjob._src.manager.supersede.deleting_process`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from jaxjob._src.manager.records import ProcessStats, SavePost
 from jaxjob._src.manager.writer import NodeWriter, SavePlan
 from jaxjob._src.multihost import hosts
 
-__all__ = ["Round", "Outcome", "deleting_process", "end_round", "save_round"]
+__all__ = ["Round", "Outcome", "end_round", "save_round"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,18 +59,6 @@ class Outcome:
     previous: CheckpointSaveError | None
     current: BaseException | None
     stats: tuple[ProcessStats, ...] | None
-
-
-def deleting_process(writers: Sequence[NodeWriter]) -> int:
-    """The process that deletes epochs of ``writers`` ' nodes: their one owner, else process 0.
-
-    Example:
-        >>> deleting_process([])
-        0
-    """
-    owners = {w.owner_process for w in writers}
-    owner = owners.pop() if len(owners) == 1 else None
-    return owner or 0
 
 
 def save_round(

@@ -1,16 +1,32 @@
-"""Replacing a committed epoch: the old checkpoint is moved aside, then deleted or put back."""
+"""Replacing a committed epoch (moved aside, then deleted or put back), and who deletes."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint.layout import is_committed
 
-__all__ = ["move_aside", "put_back", "remove_superseded"]
+__all__ = ["deleting_process", "move_aside", "put_back", "remove_superseded"]
 
 logger = get_logger(__name__)
+
+
+def deleting_process(owners: Iterable[int | None]) -> int:
+    """The one process that deletes for nodes of these ``owner_process`` es (None: every process).
+
+    Their one owner, else process 0: a node's own owner cleans up after its
+    saves, and retention of nodes saved by several processes runs on process 0.
+
+    Example:
+        >>> deleting_process([3, 3]), deleting_process([3, None]), deleting_process([])
+        (3, 0, 0)
+    """
+    found = set(owners)
+    owner = found.pop() if len(found) == 1 else None
+    return owner or 0
 
 
 def move_aside(path: str) -> str | None:

@@ -39,7 +39,7 @@ from jaxjob._src.manager.records import (
 )
 from jaxjob._src.manager.save_plan import Pending, SavePlan, post_plan, prepare_prefix
 from jaxjob._src.manager.shared import CheckpointOptions
-from jaxjob._src.manager.supersede import move_aside, put_back, remove_superseded
+from jaxjob._src.manager.supersede import deleting_process, move_aside, put_back, remove_superseded
 
 __all__ = ["NodeWriter", "SavePlan"]
 
@@ -92,8 +92,8 @@ class NodeWriter:
 
     @property
     def deletes(self) -> bool:
-        """Whether this process removes what this node's saves leave (process 0, or the owner)."""
-        return jax.process_index() == (self.owner_process or 0)
+        """Whether this process removes what this node's saves leave (the owner, or process 0)."""
+        return jax.process_index() == deleting_process([self.owner_process])
 
     @property
     def own(self) -> bool:
