@@ -183,6 +183,17 @@ def pytest_terminal_summary(terminalreporter):
     write("processes per program: " + ", ".join(f"{p} {n}" for p, n in programs.most_common()))
 
 
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """A JAX persistent compilation cache for one module's child jobs: each restart compiles
+    little (in a 2-process job only process 0 writes it; the others compile every time)."""
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
 _GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 

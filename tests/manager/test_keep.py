@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import disks
 import jax.numpy as jnp
 import numpy as np
 import paths
@@ -113,18 +114,11 @@ def test_multi_node_epochs_are_deleted_for_every_node_together(tmp_path):
     ]  # fmt: skip
 
 
-def _mount_tmpfs(path):
-    os.makedirs(path)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)])
-    if proc.returncode != 0:
-        pytest.skip("mounting a tmpfs needs root (mount -t tmpfs failed)")
-
-
 def test_a_failed_deletion_is_logged_and_retried_after_the_next_commit(tmp_path, caplog):
     """A deletion failing for real (a busy mount point inside) is logged, not fatal, retried."""
     ckpt = jaxjob.CheckpointManager(str(tmp_path), keep=keep.Last(1), async_save=False)
     ckpt.save(0, jaxjob.Workspace({"w": jnp.zeros(2)}))
-    _mount_tmpfs(tmp_path / "local.0" / "busy")
+    disks.mount_tmpfs(tmp_path / "local.0" / "busy", "1m")
     try:
         ckpt.save(1, jaxjob.Workspace({"w": jnp.ones(2)}))
         assert "Could not delete" in caplog.text and "Device or resource busy" in caplog.text

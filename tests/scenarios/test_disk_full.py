@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import disks
 import numpy as np
 import paths
 import pytest
@@ -41,14 +42,9 @@ def _same_workspace(a, b):
 def small_disk(tmp_path):
     """A tmpfs with room for three checkpoints, unmounted at teardown."""
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=3400k", "tmpfs", str(disk)], capture_output=True
-    )
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root): {mount.stderr.decode().strip()}")
+    disks.mount_tmpfs(disk, "3400k")
     yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
+    disks.unmount(disk)
 
 
 def _listing(path):

@@ -144,16 +144,6 @@ def test_leaves_of_host_init_tasks_may_change(tmp_path):
 # ---- real jobs, real kills -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    """JAX's persistent compilation cache, shared by the runs: each restart compiles little."""
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
-
-
 def argv(base, loader, epochs=EPOCHS):
     return [JOB, str(base / "ckpt"), str(base / "out"), str(epochs), loader]
 

@@ -3,8 +3,8 @@
 import logging
 import os
 import re
-import subprocess
 
+import disks
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -132,14 +132,9 @@ def test_every_other_low_precision_dtype_round_trips_bitwise(tmp_path):
 def small_disk(tmp_path):
     """A tmpfs with room for one ~1 MiB checkpoint, unmounted at teardown."""
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", str(disk)], capture_output=True
-    )
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root): {mount.stderr.decode().strip()}")
+    disks.mount_tmpfs(disk, "1600k")
     yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
+    disks.unmount(disk)
 
 
 def test_background_failure_logs_one_line(small_disk, caplog):

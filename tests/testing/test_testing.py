@@ -55,16 +55,6 @@ def argv(base):
     return [JOB, str(base / "ckpt"), str(base / "out"), str(EPOCHS)]
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    """JAX's persistent compilation cache, shared by the runs: each restart compiles nothing."""
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
-
-
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-processes"])
 def reference(request, tmp_path_factory, compile_cache):
     """An uninterrupted run per process count: (processes, its directory, its wall time)."""
