@@ -54,3 +54,17 @@ def damage_manifest(path):
     text = read(file)
     assert '"node": "local"' in text
     write(file, text.replace('"node": "local"', '"node": "locaL"', 1))
+
+
+def reseal(path):
+    """Rewrites the checkpoint's file table to match its files now, as a forger could.
+
+    Tests of crafted checkpoints edit a file, fix its own checksum and then
+    this, so that the defences behind the file table are what they exercise.
+    """
+    from jaxjob._src.base import file_table
+    from jaxjob._src.checkpoint import files
+
+    table = file_table.table(path, skip=lambda rel: rel in (files.FILE_TABLE, "commit_success.txt"))
+    marker = read(os.path.join(path, "commit_success.txt"))
+    file_table.write(path, files.FILE_TABLE, table, {"commit_success.txt": marker})

@@ -78,7 +78,7 @@ def test_an_intact_checkpoint_verifies_and_records_every_leaf(saved):
     path = os.path.join(saved, "local.1")
     doc = json.loads(read(os.path.join(path, "jaxjob", "manifest.json")))
     assert doc["checksums"] == {
-        "algorithm": "crc32-of-4k-sums",
+        "algorithm": "crc32c",
         "files": ["checksums.0.json"],
     }
     assert doc["self_checksum"] == checksum.doc_checksum(doc)
@@ -125,7 +125,7 @@ def test_a_damaged_checksum_file_is_reported(saved, tmp_path):
     doc = json.loads(read(file))
     doc["leaves"]["l0"][0][1] ^= 1
     write(file, json.dumps(doc))
-    with pytest.raises(jaxjob.CorruptCheckpointError, match="checksums.0.json' fails its own"):
+    with pytest.raises(jaxjob.CorruptCheckpointError, match="checksums.0.json' fails its CRC-32C"):
         jaxjob.restore(prefix)
     os.remove(file)
     (line,) = verify.verify_checkpoint(os.path.join(prefix, "local.1"))

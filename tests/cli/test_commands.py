@@ -208,7 +208,7 @@ def test_verify_passes_an_intact_run(run_dir, capsys):
 
 
 def test_verify_names_each_damaged_leaf_and_exits_1(run_dir, tmp_path, capsys):
-    """Truncated data files give one line per leaf, naming its key path; exit 1."""
+    """Truncated data files: a line per leaf naming its key path, a line per file no leaf reads."""
     copy = tmp_path / "local.2"
     shutil.copytree(run_dir / "local.2", copy)
     for data_file in (copy / "state").glob("**/d/*"):  # OCDBT's b-tree nodes and data
@@ -218,14 +218,13 @@ def test_verify_names_each_damaged_leaf_and_exits_1(run_dir, tmp_path, capsys):
     assert status == 1 and lines[-1] == "1 damaged checkpoint(s)"
     _, table, _ = _main(["show", run_dir], capsys)
     every_leaf = [line.split()[0] for line in table.splitlines()[2:-1]]
-    named = [
-        re.match(
-            rf"leaf (\S+) \(\[.*, stored as l\d+\) of epoch 2 in '{copy}/state.*unreadable", line
-        )
-        for line in lines[:-1]
-    ]
-    assert all(named), lines
+    leaf = rf"leaf (\S+) \(\[.*, stored as l\d+\) of epoch 2 in '{copy}/state.*unreadable"
+    named = [m for line in lines[:-1] if (m := re.match(leaf, line))]
     assert [m.group(1) for m in named] == every_leaf
+    # the per-process B-tree files that the merged database replaced: read by no leaf
+    unread = rf"the checkpoint of epoch 2 at '{copy}' is corrupt: the data file '{copy}/state/\S+"
+    others = [line for line in lines[:-1] if not re.match(leaf, line)]
+    assert others and all(re.match(unread + r"' has 40 bytes, not the \d+", x) for x in others)
 
 
 def test_verify_reports_a_missing_commit_marker_and_a_broken_manifest(run_dir, tmp_path, capsys):
@@ -240,7 +239,9 @@ def test_verify_reports_a_missing_commit_marker_and_a_broken_manifest(run_dir, t
         f"{unmarked}: not committed (no commit marker): an interrupted or unfinished save"
     )
     status, out, _ = _main(["verify", broken], capsys)
-    assert status == 1 and out.startswith(f"{broken}: manifest unreadable: the checkpoint of epoch")
+    assert status == 1 and out.startswith(
+        f"the checkpoint of epoch 1 at '{broken}' is corrupt: the manifest '{broken}/jaxjob/"
+    )
     assert "is not valid JSON" in out.splitlines()[0]
 
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import paths
 import pytest
+from damage import reseal
 
 import jaxjob
 from jaxjob._src.checkpoint import checksum
@@ -62,6 +63,8 @@ def edit_manifest(prefix, edit, *, resign=False):
     if resign:
         doc["self_checksum"] = checksum.doc_checksum(doc)
     manifest_of(prefix).write_text(json.dumps(doc))
+    if resign:
+        reseal(str(manifest_of(prefix).parent.parent))
 
 
 def huge_shape(doc):
@@ -339,12 +342,15 @@ def committed(tmp_path, monkeypatch):
 def test_bad_input(case, committed, tmp_path):
     """The row's input raises its exception with its message; epoch 0 stays committed."""
     manifest = manifest_of(committed).read_bytes()
+    table = manifest_of(committed).with_name("files.json")
+    sealed = table.read_bytes()
     if case.error is None:
         case.provoke(committed, tmp_path)
     else:
         with pytest.raises(case.error, match=case.match):
             case.provoke(committed, tmp_path)
     manifest_of(committed).write_bytes(manifest)  # undo a deliberate manifest edit
+    table.write_bytes(sealed)  # and a forger's new file table
     assert [e for e in os.listdir(committed) if e != "jaxjob_metadata.jsonl"] == ["local.0"]
     np.testing.assert_array_equal(jaxjob.restore(committed)["w"], np.arange(3.0))
 

@@ -5,7 +5,8 @@ for crash safety. Nothing happens unless the environment variable
 ``JAXJOB_KILL_AT`` names that point (``"<name>"`` or ``"<name>:<n>"``, the
 ``n``-th time it is reached, counting from 1); then the process kills itself
 with SIGKILL, exactly as a lost node would die. :mod:`jaxjob.testing` sets it
-in the child processes it starts.
+in the child processes it starts. ``JAXJOB_FAIL_AT`` (same form) makes that
+point raise ``OSError(EIO)`` instead, as a failing disk would.
 
 Example:
     >>> point("retention.delete")  # JAXJOB_KILL_AT is not set: returns at once
@@ -14,31 +15,44 @@ Example:
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import signal
 
-__all__ = ["KILL_AT_ENV", "POINTS", "point"]
+__all__ = ["FAIL_AT_ENV", "KILL_AT_ENV", "POINTS", "point"]
 
 KILL_AT_ENV = "JAXJOB_KILL_AT"
+FAIL_AT_ENV = "JAXJOB_FAIL_AT"
 POINTS = (
     "epoch",  # inside an epoch, before its workspace is saved
     "save.copy",  # the device-to-host copy of a save has started
     "save.write",  # the background write has started
     "save.commit",  # the write is done, the commit has not happened
+    "save.after_rename",  # local disk: renamed to its final name, the parent not yet flushed
     "retention.delete",  # retention is deleting an old epoch
     "lock.takeover",  # a dead writer's lock is being taken over
 )
-_reached: collections.Counter[str] = collections.Counter()
+_reached: collections.Counter[tuple[str, str]] = collections.Counter()
+
+
+def _now(env: str, name: str) -> bool:
+    wanted = os.environ.get(env)
+    if not wanted:
+        return False
+    target, _, count = wanted.partition(":")
+    if target != name:
+        return False
+    _reached[env, name] += 1
+    return _reached[env, name] == int(count or 1)
 
 
 def point(name: str) -> None:
-    """Kills this process with SIGKILL if ``JAXJOB_KILL_AT`` names this point now."""
-    wanted = os.environ.get(KILL_AT_ENV)
-    if not wanted:
-        return
-    target, _, count = wanted.partition(":")
-    if target != name:
-        return
-    _reached[name] += 1
-    if _reached[name] == int(count or 1):
+    """Kills this process (``JAXJOB_KILL_AT``) or raises EIO (``JAXJOB_FAIL_AT``) if named now.
+
+    Raises:
+        OSError: ``EIO``, if ``JAXJOB_FAIL_AT`` names this point now.
+    """
+    if _now(KILL_AT_ENV, name):
         os.kill(os.getpid(), signal.SIGKILL)
+    if _now(FAIL_AT_ENV, name):
+        raise OSError(errno.EIO, f"injected I/O error at the fail point {name!r}")

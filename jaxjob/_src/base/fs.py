@@ -53,10 +53,13 @@ __all__ = [
     "fsync_tree",
     "is_dir",
     "is_remote",
+    "flush_pool",
     "join",
+    "list_files",
     "listdir",
     "makedirs",
     "normalize",
+    "read_bytes",
     "read_text",
     "remove",
     "require_backend",
@@ -187,6 +190,38 @@ def read_text(path: str) -> str:
     return bounded(path, "a read", _p(path).read_text)
 
 
+def read_bytes(path: str) -> bytes:
+    """The bytes of the file or object at ``path``."""
+    return bounded(path, "a read", _p(path).read_bytes)
+
+
+def list_files(path: str) -> dict[str, int]:
+    """Every file (object) under the directory (prefix) ``path``: relative path -> bytes.
+
+    On object stores one recursive listing, never served from a cache.
+    """
+    if not is_remote(path):
+        found = {}
+        for root, _, names in os.walk(path):
+            for name in names:
+                full = os.path.join(root, name)
+                found[os.path.relpath(full, path)] = os.stat(full).st_size
+        return found
+
+    def listing() -> dict[str, int]:
+        store = epath.backend.fsspec_backend.fs(path)
+        store.invalidate_cache()
+        base = path.split("://", 1)[1].rstrip("/") + "/"
+        found = store.find(path, detail=True)
+        return {
+            name.removeprefix(base): int(info["size"])
+            for name, info in found.items()
+            if info.get("type", "file") == "file" and name.startswith(base)
+        }
+
+    return bounded(path, "a listing", listing)
+
+
 def write_text(path: str, text: str) -> None:
     """Replaces the file at ``path`` by ``text``, atomically and durably.
 
@@ -268,7 +303,7 @@ _flusher: concurrent.futures.ThreadPoolExecutor | None = None
 _flusher_lock = threading.Lock()
 
 
-def _flush_pool() -> concurrent.futures.ThreadPoolExecutor:
+def flush_pool() -> concurrent.futures.ThreadPoolExecutor:
     global _flusher
     with _flusher_lock:
         if _flusher is None:
@@ -290,7 +325,7 @@ def fsync_tree(path: str) -> int:
     if is_remote(path):
         return 0
     flushes = []
-    pool = _flush_pool()
+    pool = flush_pool()
     for root, _, files in os.walk(path):
         flushes += [pool.submit(_fsync, os.path.join(root, name)) for name in files]
         flushes.append(pool.submit(_fsync, root, os.O_RDONLY | os.O_DIRECTORY))

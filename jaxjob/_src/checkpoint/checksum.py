@@ -2,14 +2,16 @@
 
 When a checkpoint is saved, each process takes the host copy of every
 shard it writes (its replica-0 shards of each ``jax.Array``, its host-local
-rows, or, in a private checkpoint, whole NumPy arrays) and hashes it in a
-background thread, while Orbax writes (:func:`digest`). Its records go to
+rows, or, in a private checkpoint, whole NumPy arrays) and hashes it with
+CRC-32C in a background thread, while Orbax writes (:func:`digest`). Its records go to
 ``<checkpoint>/jaxjob/checksums.<process>.json`` (which carries its own
 checksum) before the checkpoint commits; the manifest names those files and
 carries its own checksum too. The logical bytes are hashed, not the files,
 so a damaged file is caught whatever Orbax's storage format (OCDBT, zarr,
 compression): either its bytes decode to other values, whose checksum
-differs, or they do not decode, which is reported the same way.
+differs, or they do not decode, which is reported the same way. Every file
+of the checkpoint also has a CRC-32C of its stored bytes in the file table
+(:mod:`jaxjob._src.checkpoint.files`), written at the commit.
 
 Reading checks what is read: a restore compares every shard it reads
 against its record; :mod:`jaxjob._src.checkpoint.leaf_check` reads leaves back and checks them.
@@ -22,22 +24,20 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
-import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxjob._src.base import fs
+from jaxjob._src.base import crc32c, file_table, fs
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.checkpoint import keypaths
 
 __all__ = ["ALGORITHM", "describe", "digest", "doc_checksum", "mismatches", "read_records"]
 
-ALGORITHM = "crc32-of-4k-sums"
-BLOCK = 4096  # bytes per summed block
-SELF_KEY = "self_checksum"
+ALGORITHM = crc32c.NAME
+SELF_KEY = file_table.SELF_KEY
 FILE_NAME = re.compile(r"checksums\.[0-9]+\.json")
 Index = tuple[tuple[int, int], ...]
 Record = tuple[Index, int, int]  # (index ranges, crc, saving process)
@@ -46,15 +46,7 @@ _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_pre
 
 
 def digest(array: np.ndarray) -> int:
-    """The checksum of an array's bytes in C order: CRC-32 of the sums of its 4 KiB blocks.
-
-    Each 4 KiB block is summed as 512 unsigned 64-bit words (wrapping), and
-    the CRC-32 of those sums (and of the bytes past the last whole block) is
-    the checksum. Any change within one 8-byte word, and reordered blocks,
-    always change it; any other change (a flipped run, a garbled chunk)
-    changes it unless it happens to preserve every block's sum. It runs at
-    memory speed, several times faster than a CRC-32 of every byte
-    (``benchmarks/checksum_cost.py``).
+    """The checksum of an array's bytes in C order: their CRC-32C (:mod:`jaxjob._src.base.crc32c`).
 
     Example:
         >>> import numpy as np
@@ -63,16 +55,12 @@ def digest(array: np.ndarray) -> int:
         >>> digest(a) == digest(a.copy()), digest(a) == digest(b)
         (True, False)
     """
-    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    whole = data.size // BLOCK * BLOCK
-    sums = np.add.reduce(data[:whole].view(np.uint64).reshape(-1, BLOCK // 8), axis=1)
-    return zlib.crc32(data[whole:], zlib.crc32(sums.astype("<u8").view(np.uint8)))
+    return crc32c.of_array(array)
 
 
 def doc_checksum(doc: Mapping[str, Any]) -> int:
-    """The CRC-32 of a JSON document's canonical text, without its own ``self_checksum``."""
-    body = {k: v for k, v in doc.items() if k != SELF_KEY}
-    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+    """The CRC-32C of a JSON document's canonical text, without its own ``self_checksum``."""
+    return file_table.doc_checksum(doc)
 
 
 def checksums_file(process: int) -> str:

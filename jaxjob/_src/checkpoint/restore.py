@@ -10,7 +10,7 @@ from typing import Any
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import keypaths, manifest, storage
+from jaxjob._src.checkpoint import files, keypaths, manifest, storage
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import (
     check_epoch,
@@ -221,9 +221,15 @@ def _committed_now(request: _Request) -> list[int]:
     return sorted(set.intersection(*epochs)) if epochs else []
 
 
+def _read_manifest(path: str) -> manifest.Manifest:
+    """The manifest of ``path``, once its files are checked against its file table."""
+    files.check(path)
+    return manifest.read(path)
+
+
 def _read(request: _Request, dirs: list[str]) -> Workspace:
     path, target, leaves = request.path, request.target, request.leaves
-    manifests = {d: manifest.read(d) for d in dirs}
+    manifests = {d: _read_manifest(d) for d in dirs}
     state = {k: v for m in manifests.values() for k, v in m.state.items()}
     patterns = list(leaves) if leaves is not None else (list(target) if target else None)
     chosen = keypaths.select(state, patterns, where=f" in the checkpoint at {str(path)!r}")

@@ -49,6 +49,7 @@ arguments. JAX's internals (the ``jax.distributed`` client) are in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.metadata
 import os
@@ -65,15 +66,17 @@ from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
 from orbax.checkpoint._src.path import async_path, atomicity
 from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
 
-from jaxjob._src.base import fs
+from jaxjob._src.base import faults, file_table, fs
 from jaxjob._src.internals.restore_buffers import read_shard
 
 __all__ = [
+    "FILE_TABLE",
     "TESTED_ORBAX",
     "DurableRename",
     "ManifestHandler",
     "ManifestRestore",
     "ManifestSave",
+    "TabledCommitFile",
     "checkpointer",
     "install",
     "private_options",
@@ -83,6 +86,7 @@ __all__ = [
 
 TESTED_ORBAX = ((0, 12, 8), (0, 13, 0))  # [lower, upper): keep in sync with pyproject.toml
 COMMIT_FILE = atomicity.COMMIT_SUCCESS_FILE
+FILE_TABLE = file_table.CHECKPOINT_TABLE  # written by the commit, just before its marker
 
 
 def _check_version() -> None:
@@ -143,21 +147,62 @@ class DurableRename(atomicity.AtomicRenameTemporaryPath):
                 _flushed_at_commit.discard(os.fspath(self._tmp_path))
 
     async def _commit(self) -> None:
-        store = self._checkpoint_metadata_store
-        if store:
-            await asyncio.to_thread(store.wait_until_finished)
-            await asyncio.to_thread(
-                store.update,
-                file_path=checkpoint_metadata.step_metadata_file_path(self._tmp_path),
-                commit_timestamp_nsecs=time.time_ns(),
-            )
-            await asyncio.to_thread(store.wait_until_finished)
-        await async_path.write_text(
-            self._tmp_path / COMMIT_FILE, f"Checkpoint commit was successful to {self._final_path}"
-        )
-        await asyncio.to_thread(fs.fsync_tree, os.fspath(self._tmp_path))
+        await _update_commit_time(self._checkpoint_metadata_store, self._tmp_path)
+        tmp, final = os.fspath(self._tmp_path), os.fspath(self._final_path)
+        marker = f"Checkpoint commit was successful to {self._final_path}"
+        await asyncio.to_thread(_write_table, tmp, marker, True)
+        await asyncio.to_thread(fs.write_text, os.path.join(tmp, COMMIT_FILE), marker)
         await async_path.rename(self._tmp_path, self._final_path)
-        await asyncio.to_thread(fs.fsync_dir, os.fspath(self._final_path.parent))
+        try:
+            faults.point("save.after_rename")
+            await asyncio.to_thread(fs.fsync_dir, os.fspath(self._final_path.parent))
+        except BaseException:
+            await asyncio.to_thread(_uncommit, final, tmp)
+            raise
+
+
+class TabledCommitFile(atomicity.CommitFileTemporaryPath):
+    """Orbax's commit file on object stores, with the file table written just before it."""
+
+    async def finalize(self) -> None:
+        """Writes the file table, then the commit marker."""
+        await _update_commit_time(self._checkpoint_metadata_store, self._tmp_path)
+        final = os.fspath(self._final_path)
+        marker = f"Checkpoint commit was successful to {self._final_path}"
+        await asyncio.to_thread(_write_table, final, marker, False)
+        await async_path.write_text(self._final_path / COMMIT_FILE, marker)
+
+
+async def _update_commit_time(store: Any, tmp_path: Any) -> None:
+    """Orbax's finalize step: the commit time into the step metadata (as Orbax's own commit)."""
+    if not store:
+        return
+    await asyncio.to_thread(store.wait_until_finished)
+    await asyncio.to_thread(
+        store.update,
+        file_path=checkpoint_metadata.step_metadata_file_path(tmp_path),
+        commit_timestamp_nsecs=time.time_ns(),
+    )
+    await asyncio.to_thread(store.wait_until_finished)
+
+
+def _write_table(directory: str, marker: str, flush: bool) -> None:
+    """The file table of a checkpoint about to commit, its marker's text included."""
+    doc = file_table.table(directory, flush=flush)
+    file_table.write(directory, FILE_TABLE, doc, {COMMIT_FILE: marker})
+
+
+def _uncommit(final: str, tmp: str) -> None:
+    """Takes back a rename whose flush failed: the epoch must not stay committed.
+
+    The directory goes back to its temporary name (swept as a leftover); if
+    even that fails, its commit marker is removed.
+    """
+    try:
+        os.rename(final, tmp)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(final, COMMIT_FILE))
 
 
 def commit_file_options(path: str) -> ocp.options.AtomicityOptions | None:
@@ -176,7 +221,10 @@ def commit_file_options(path: str) -> ocp.options.AtomicityOptions | None:
 def _commit_options(path: str) -> dict[str, Any]:
     """How a checkpoint at ``path`` is committed: durable rename, or a commit file."""
     if fs.is_remote(path):
-        return {"atomicity_options": commit_file_options(path)}
+        return {
+            "atomicity_options": commit_file_options(path),
+            "temporary_path_class": TabledCommitFile,
+        }
     return {"temporary_path_class": DurableRename}
 
 

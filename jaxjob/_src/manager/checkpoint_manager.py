@@ -273,12 +273,12 @@ class CheckpointManager(ManagerCore):
         self._writer.reader.blob_names = found.state_keys
         return self._writer.load(path, found, found.state_keys, targets=targets)
 
-    def _verify_nodes(self, epoch: int, nodes: Sequence[str]) -> list[str]:
+    def _verify_nodes(self, epoch: int, nodes: Sequence[str], *, data: bool = True) -> list[str]:
         """Verifies through this manager's cached manifest and reader when it reads alone."""
         alone = self._writer.private or jax.process_count() == 1
         if list(nodes) != [self._writer.node_name] or not alone:
-            return super()._verify_nodes(epoch, nodes)
-        return self._writer.reader.verify(epoch, self._path_prefix)
+            return super()._verify_nodes(epoch, nodes, data=data)
+        return self._writer.reader.verify(epoch, self._path_prefix, data=data)
 
     def saved_shapes(self, epoch: int) -> dict[str, Any]:
         """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""

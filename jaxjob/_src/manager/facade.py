@@ -260,7 +260,7 @@ class ManagerCore:
         """
         return self._verify_nodes(epoch, self.node_names())
 
-    def _verify_nodes(self, epoch: int, nodes: Sequence[str]) -> list[str]:
+    def _verify_nodes(self, epoch: int, nodes: Sequence[str], *, data: bool = True) -> list[str]:
         lines: list[str] = []
         for node in nodes:
             path = db_name(epoch, node, self._db_prefix, self._path_prefix)
@@ -269,7 +269,7 @@ class ManagerCore:
                     f"no committed checkpoint for node {node!r} at epoch {epoch} ({path!r}); "
                     f"committed epochs: {common_epochs(self._db_prefix, [node], self._path_prefix)}"
                 )
-            lines += verify.verify_checkpoint(path)
+            lines += verify.verify_checkpoint(path, data=data)
         return lines
 
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
@@ -292,7 +292,7 @@ class ManagerCore:
         nodes = self._checkpoint_nodes()
         committed = common_epochs(self._db_prefix, nodes, self._path_prefix)
         for candidate in [epoch, *(e for e in reversed(committed) if e < epoch)]:
-            problems = self._verify_nodes(candidate, nodes)
+            problems = self._verify_nodes(candidate, nodes, data=False)  # leaves read anyway
             if not problems:
                 return candidate
             error = "; ".join(problems)

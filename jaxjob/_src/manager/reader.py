@@ -9,7 +9,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import keypaths, manifest, storage, verify
+from jaxjob._src.checkpoint import files, keypaths, manifest, storage, verify
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace
@@ -70,6 +70,7 @@ class NodeReader:
                     f"no committed checkpoint for node {self.node_name!r} at epoch {epoch} "
                     f"({path!r}); committed epochs: {self._committed()}"
                 )
+            files.check(path, epoch)
             self._manifests[path] = manifest.read(path)
         return path, self._manifests[path]
 
@@ -112,7 +113,7 @@ class NodeReader:
         stats = Stats(found.epoch, storage.nbytes(items), None, duration, action=Action.LOAD)
         return Workspace(items), stats
 
-    def verify(self, epoch: int, path_prefix: str | None = None) -> list[str]:
+    def verify(self, epoch: int, path_prefix: str | None = None, *, data: bool = True) -> list[str]:
         """Checks this node's checkpoint of ``epoch`` through the cached manifest and reader.
 
         Returns:
@@ -122,8 +123,8 @@ class NodeReader:
             path, found = self.checkpoint(epoch, path_prefix)
         except ValueError:  # an unreadable manifest: verify_checkpoint says so, in its words
             path = db_name(check_epoch(epoch), self.node_name, self.db_prefix, path_prefix)
-            return verify.verify_checkpoint(path)
-        return verify.verify_checkpoint(path, reader=self.orbax(), found=found)
+            return verify.verify_checkpoint(path, data=data)
+        return verify.verify_checkpoint(path, reader=self.orbax(), found=found, data=data)
 
     def close(self) -> None:
         """Releases the Orbax reader."""

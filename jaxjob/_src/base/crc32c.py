@@ -1,0 +1,64 @@
+"""CRC-32C (Castagnoli) of bytes, arrays and files: the checksum of every byte jaxjob stores.
+
+CRC-32C detects every burst of up to 32 flipped bits, every odd number of
+flipped bits, reordered words and sectors (unlike a sum), and runs in
+hardware on x86 (SSE 4.2) and ARM (CRC extension) through ``google-crc32c``
+(several GB/s a core here; ``benchmarks/checksum_cost.py``), which releases
+the GIL while it hashes. Buffers are hashed in slices of :data:`CHUNK` bytes
+so that a large one stays in cache and no copy of it is made.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import google_crc32c
+import numpy as np
+
+__all__ = ["CHUNK", "NAME", "of_array", "of_bytes", "of_file"]
+
+NAME = "crc32c"
+CHUNK = 4 << 20  # bytes hashed per call: cache-sized, and no copy of a large buffer
+
+
+def of_bytes(data: Any, crc: int = 0) -> int:
+    """The CRC-32C of a bytes-like object or a flat ``uint8`` array (continuing from ``crc``).
+
+    Example:
+        >>> of_bytes(b"123456789")  # the standard check value of CRC-32C
+        3808858755
+        >>> of_bytes(b"6789", of_bytes(b"12345"))
+        3808858755
+    """
+    view = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+    for start in range(0, view.size, CHUNK):
+        crc = google_crc32c.extend(crc, view[start : start + CHUNK])
+    return crc
+
+
+def of_array(array: Any) -> int:
+    """The CRC-32C of an array's bytes in C order (a non-contiguous one is copied).
+
+    Example:
+        >>> a = np.arange(5000, dtype=np.float32)
+        >>> b = a.copy(); b[2500] += 1
+        >>> of_array(a) == of_array(a.copy()), of_array(a) == of_array(b)
+        (True, False)
+    """
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return of_bytes(data) if data.size else 0
+
+
+def of_file(path: str) -> tuple[int, int]:
+    """The size and CRC-32C of the local file ``path``, read through a memory map (no copy)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return 0, 0
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = np.frombuffer(mapped, np.uint8)
+            crc = of_bytes(view)
+            del view  # the map closes only once no array looks into it
+            return size, crc

@@ -1,0 +1,219 @@
+"""A directory's table of its files: each one's size and CRC-32C, written last, checked on read.
+
+A checkpoint's committing process writes the table (``jaxjob/files.json`` in a
+checkpoint, carrying its own CRC-32C) just before the commit marker, once
+every other file is written: on local disk while the files are flushed (the
+CRC reads them from the page cache, concurrently with their ``fsync``); on an
+object store from a listing and reads of the objects. The table also
+records the commit marker that will follow it, whose text the committer
+knows in advance.
+
+What the table covers, and how:
+
+* every file on local disk: size and CRC-32C;
+* on object stores, every object except data files (OCDBT ``d/`` files)
+  over :data:`SIZE_ONLY_OVER` bytes, which get their size only: reading
+  them back would download the checkpoint a second time. Their bytes are
+  the leaves' bytes, which every read checks against the per-shard CRC-32C
+  of the values (:mod:`jaxjob._src.checkpoint.checksum`), and the OCDBT
+  B-tree nodes, which carry TensorStore's own CRC-32C.
+
+:func:`problems` checks a directory against its table: every listed file
+must exist with its size, and its CRC where recorded (``data=False`` skips
+the CRC of the data files, for a restore that reads only some leaves).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jaxjob._src.base import crc32c, fs
+
+__all__ = [
+    "CHECKPOINT_TABLE",
+    "SELF_KEY",
+    "SIZE_ONLY_OVER",
+    "is_data_file",
+    "problems",
+    "read",
+    "table",
+    "write",
+]
+
+CHECKPOINT_TABLE = "jaxjob/files.json"  # where a checkpoint directory keeps its table
+SELF_KEY = "self_checksum"
+SIZE_ONLY_OVER = 1 << 20  # bytes: a larger OCDBT data file on an object store gets its size only
+_DATA_FILE = re.compile(r"(^|/)d/[0-9a-f]{32}$")
+Entry = list[Any]  # [size, crc32c or None]
+
+
+def is_data_file(relative: str) -> bool:
+    """Whether ``relative`` names an OCDBT data file (``.../d/<32 hex digits>``).
+
+    Example:
+        >>> is_data_file("state/ocdbt.process_0/d/" + "a" * 32), is_data_file("state/_METADATA")
+        (True, False)
+    """
+    return bool(_DATA_FILE.search(relative))
+
+
+def doc_checksum(doc: Mapping[str, Any]) -> int:
+    """The CRC-32C of a JSON document's canonical text, without its own ``self_checksum``."""
+    body = {k: v for k, v in doc.items() if k != SELF_KEY}
+    return crc32c.of_bytes(json.dumps(body, sort_keys=True).encode())
+
+
+def _local_entry(path: str, flush: bool) -> Entry:
+    size, crc = crc32c.of_file(path)
+    if flush:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return [size, crc]
+
+
+def _local_table(directory: str, flush: bool) -> dict[str, Entry]:
+    """CRC-32C (and, with ``flush``, an fsync) of every file under ``directory``, concurrently."""
+    jobs: dict[str, concurrent.futures.Future] = {}
+    dirs = []
+    pool = fs.flush_pool()
+    for root, _, names in os.walk(directory):
+        dirs.append(root)
+        for name in names:
+            full = os.path.join(root, name)
+            jobs[os.path.relpath(full, directory)] = pool.submit(_local_entry, full, flush)
+    if flush:
+        flushes = [pool.submit(fs.fsync_dir, d) for d in dirs]
+        concurrent.futures.wait(flushes)
+        for flush_dir in flushes:
+            flush_dir.result()
+    return {name: job.result() for name, job in sorted(jobs.items())}
+
+
+def _remote_table(directory: str) -> dict[str, Entry]:
+    files = fs.list_files(directory)
+    pool = fs.flush_pool()
+
+    def entry(relative: str, size: int) -> Entry:
+        if is_data_file(relative) and size > SIZE_ONLY_OVER:
+            return [size, None]
+        return [size, crc32c.of_bytes(fs.read_bytes(fs.join(directory, relative)))]
+
+    jobs = {rel: pool.submit(entry, rel, size) for rel, size in files.items()}
+    return {rel: job.result() for rel, job in sorted(jobs.items())}
+
+
+def table(
+    directory: str, *, flush: bool = False, skip: Callable[[str], bool] = lambda _: False
+) -> dict[str, Any]:
+    """The file table of ``directory`` (files ``skip`` accepts left out), without writing it.
+
+    Args:
+        directory: A local directory or an object-store prefix.
+        flush: On local disk, also fsync every file and directory (the
+            commit's flush, done in the same pass).
+        skip: Relative paths to leave out.
+    """
+    remote = fs.is_remote(directory)
+    files = _remote_table(directory) if remote else _local_table(directory, flush)
+    return {
+        "algorithm": crc32c.NAME,
+        "files": {rel: entry for rel, entry in files.items() if not skip(rel)},
+    }
+
+
+def write(directory: str, relative: str, doc: dict[str, Any], extra: Mapping[str, str]) -> None:
+    """Writes ``doc`` (from :func:`table`) as ``directory/relative``, with the files to come.
+
+    Args:
+        directory: The directory the table describes.
+        relative: Where the table goes, relative to ``directory``.
+        doc: The table.
+        extra: Files written after the table (the commit marker): relative
+            path -> their exact text.
+    """
+    files = dict(doc["files"])
+    for rel, text in extra.items():
+        data = text.encode()
+        files[rel] = [len(data), crc32c.of_bytes(data)]
+    out = {"algorithm": doc["algorithm"], "files": dict(sorted(files.items()))}
+    out[SELF_KEY] = doc_checksum(out)
+    fs.write_text(fs.join(directory, relative), json.dumps(out))
+
+
+def read(directory: str, relative: str) -> dict[str, Entry]:
+    """The files the table ``directory/relative`` lists.
+
+    Raises:
+        FileNotFoundError: If there is no table.
+        ValueError: If it is not valid JSON, fails its own checksum or is malformed.
+    """
+    doc = json.loads(fs.read_text(fs.join(directory, relative)))
+    if not isinstance(doc, dict) or doc.get(SELF_KEY) != doc_checksum(doc):
+        raise ValueError("it fails its own checksum")
+    if doc.get("algorithm") != crc32c.NAME or not isinstance(doc.get("files"), dict):
+        raise ValueError(f"it is malformed (algorithm {doc.get('algorithm')!r})")
+    files = doc["files"]
+    for rel, entry in files.items():
+        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int)
+        if not ok or not (entry[1] is None or isinstance(entry[1], int)):
+            raise ValueError(f"it is malformed at {rel!r}: {entry!r}")
+    return files
+
+
+def problems(
+    directory: str,
+    relative: str,
+    *,
+    data: bool = True,
+    name: Callable[[str, str], str] = lambda _, path: repr(path),
+) -> dict[str, str]:
+    """What differs between ``directory`` and its table: relative path -> a line; empty if intact.
+
+    Args:
+        directory: A directory with a table.
+        relative: Where its table lies.
+        data: Check the CRC of OCDBT data files too (else only their sizes).
+        name: How a line names a file, from its relative and full path.
+    """
+    where = fs.join(directory, relative)
+    try:
+        files = read(directory, relative)
+    except FileNotFoundError:
+        return {relative: f"{name(relative, where)} is missing"}
+    except ValueError as err:
+        return {relative: f"{name(relative, where)} is damaged: {err}"}
+    present = fs.list_files(directory)
+    pool = fs.flush_pool()
+    jobs = {
+        rel: pool.submit(_file_problem, directory, rel, entry, present, data)
+        for rel, entry in files.items()
+        if rel != relative
+    }
+    found = {rel: job.result() for rel, job in sorted(jobs.items())}
+    return {rel: f"{name(rel, fs.join(directory, rel))} {why}" for rel, why in found.items() if why}
+
+
+def _file_problem(
+    directory: str, rel: str, entry: Entry, present: Mapping[str, int], data: bool
+) -> str | None:
+    size, crc = entry
+    path = fs.join(directory, rel)
+    if rel not in present:
+        return "is missing"
+    if present[rel] != size:
+        return f"has {present[rel]} bytes, not the {size} it was written with"
+    if crc is None or (not data and is_data_file(rel)):
+        return None
+    remote = fs.is_remote(path)
+    found = crc32c.of_bytes(fs.read_bytes(path)) if remote else crc32c.of_file(path)[1]
+    if found != crc:
+        return "fails its CRC-32C (its bytes changed since it was written)"
+    return None

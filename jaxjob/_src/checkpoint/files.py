@@ -1,0 +1,82 @@
+"""A committed checkpoint's files against its file table (``jaxjob/files.json``).
+
+The committing process writes the table last, just before the commit marker
+(:mod:`jaxjob._src.base.file_table`, :mod:`jaxjob._src.internals.orbax_private`):
+every file's size and CRC-32C. Every read of a checkpoint starts here, before
+Orbax opens any of its files: a deleted, truncated, swapped or damaged
+metadata file (``_CHECKPOINT_METADATA``, ``_METADATA``, ``_sharding``,
+``array_metadatas/*``, the OCDBT manifests and B-tree nodes, jaxjob's own
+files) is a :class:`~jaxjob.CorruptCheckpointError` naming the file, never an
+Orbax or JSON error.
+"""
+
+from __future__ import annotations
+
+from jaxjob._src.base import file_table, fs
+from jaxjob._src.base.file_table import CHECKPOINT_TABLE as FILE_TABLE
+from jaxjob._src.checkpoint import checksum, manifest
+from jaxjob._src.checkpoint.layout import parse_name
+
+__all__ = ["FILE_TABLE", "check", "problems"]
+
+
+_NAMES = {
+    FILE_TABLE: "the file table",
+    f"{manifest.MANIFEST_ITEM}/{manifest.MANIFEST_FILE}": "the manifest",
+    "_CHECKPOINT_METADATA": "Orbax's step metadata",
+    "commit_success.txt": "the commit marker",
+}
+
+
+def _name(relative: str, path: str) -> str:
+    """How an error names a checkpoint's file: ``the manifest '/c/local.3/jaxjob/...'``."""
+    if relative in _NAMES:
+        return f"{_NAMES[relative]} {path!r}"
+    if file_table.is_data_file(relative):
+        return f"the data file {path!r}"
+    return f"the file {path!r}"
+
+
+def problems(path: str, *, data: bool = True) -> dict[str, str]:
+    """The files of the checkpoint ``path`` that differ from its table: relative path -> a line.
+
+    Args:
+        path: A committed checkpoint directory.
+        data: Also the CRC of the OCDBT data files (whose values every
+            restore checks per shard anyway); else their sizes only.
+    """
+    return file_table.problems(path, FILE_TABLE, data=data, name=_name)
+
+
+def check(path: str, epoch: int | None = None, *, data: bool = False) -> dict[str, str]:
+    """Checks the checkpoint ``path`` against its table before anything else reads it.
+
+    A problem in a metadata file raises. Problems in OCDBT data files are
+    returned instead: the leaves read from them fail their own checks,
+    naming the leaf (:mod:`jaxjob._src.checkpoint.leaf_check`), and bytes no
+    leaf reads do not change a restore.
+
+    Args:
+        path: A committed checkpoint directory.
+        epoch: Its epoch, for the error (by default from its name).
+        data: Also the CRC of the OCDBT data files (else their sizes only).
+
+    Returns:
+        The data files' problems: relative path -> a line.
+
+    Raises:
+        CorruptCheckpointError: Naming every damaged, missing or resized
+            metadata file.
+        ValueError: If the checkpoint has no table because an older jaxjob
+            wrote it (its manifest's format says so).
+    """
+    found = problems(path, data=data)
+    lines = [line for rel, line in found.items() if not file_table.is_data_file(rel)]
+    if not lines:
+        return {rel: line for rel, line in found.items() if file_table.is_data_file(rel)}
+    if fs.exists(fs.join(path, manifest.MANIFEST_ITEM, manifest.MANIFEST_FILE)):
+        manifest.read(path)  # an older format raises its own error, which says what to do
+    if epoch is None:
+        parsed = parse_name(path.rstrip("/").rpartition("/")[2])
+        epoch = parsed.epoch if parsed is not None else "?"
+    raise checksum.corrupt(epoch, path, "; ".join(lines))
