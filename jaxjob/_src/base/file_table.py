@@ -1,31 +1,40 @@
-"""A directory's table of its files: each one's size and CRC-32C, written last, checked on read.
+"""A directory's table of its files: each one's size and checksums, written last, checked on read.
 
 A checkpoint's committing process writes the table (``jaxjob/files.json`` in a
 checkpoint, carrying its own CRC-32C) just before the commit marker, once
 every other file is written: on local disk while the files are flushed (the
-CRC reads them from the page cache, concurrently with their ``fsync``); on an
-object store from a listing and reads of the objects. The table also
-records the commit marker that will follow it, whose text the committer
+checksums read them from the page cache, concurrently with their
+``fsync``); on an object store from a listing and reads of the objects. It
+also records the commit marker that follows it, whose text the committer
 knows in advance.
 
-What the table covers, and how:
+Each file gets its CRC-32C, and a file of up to :data:`SHA_UP_TO` bytes also
+its SHA-256. Why both: the formats inside a checkpoint end their records
+with a CRC-32C of their own (OCDBT manifests and B-tree nodes), and the
+CRC-32C of a record that ends in its own CRC-32C is one constant for every
+record of that length, so another epoch's manifest of the same size would
+pass a CRC-32C alone. Those records are small files; a large data file
+holds leaf values, which every read also checks against their per-shard
+CRC-32C (:mod:`jaxjob._src.checkpoint.checksum`).
 
-* every file on local disk: size and CRC-32C;
-* on object stores, every object except data files (OCDBT ``d/`` files)
-  over :data:`SIZE_ONLY_OVER` bytes, which get their size only: reading
-  them back would download the checkpoint a second time. Their bytes are
-  the leaves' bytes, which every read checks against the per-shard CRC-32C
-  of the values (:mod:`jaxjob._src.checkpoint.checksum`), and the OCDBT
-  B-tree nodes, which carry TensorStore's own CRC-32C.
+What is covered:
+
+* on local disk, every file: size, CRC-32C, and SHA-256 up to 64 KiB;
+* on object stores the same, except data files (OCDBT ``d/`` files) over
+  :data:`SIZE_ONLY_OVER` bytes, which get their size only: reading them back
+  would download the checkpoint a second time. Their bytes are the leaves'
+  values, checked per shard by every read, and OCDBT B-tree nodes, which
+  carry TensorStore's own CRC-32C.
 
 :func:`problems` checks a directory against its table: every listed file
-must exist with its size, and its CRC where recorded (``data=False`` skips
-the CRC of the data files, for a restore that reads only some leaves).
+must exist with its size and checksums (a restore skips the checksums of
+large data files, whose values it checks as it reads them).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import os
 import re
@@ -49,7 +58,9 @@ CHECKPOINT_TABLE = "jaxjob/files.json"  # where a checkpoint directory keeps its
 SELF_KEY = "self_checksum"
 SIZE_ONLY_OVER = 1 << 20  # bytes: a larger OCDBT data file on an object store gets its size only
 _DATA_FILE = re.compile(r"(^|/)d/[0-9a-f]{32}$")
-Entry = list[Any]  # [size, crc32c or None]
+SHA_UP_TO = 64 << 10  # bytes: smaller files also get a SHA-256 (see the module docstring)
+ALGORITHM = "crc32c+sha256"
+Entry = list[Any]  # [size, crc32c or None, sha256 hex or None]
 
 
 def is_data_file(relative: str) -> bool:
@@ -68,15 +79,33 @@ def doc_checksum(doc: Mapping[str, Any]) -> int:
     return crc32c.of_bytes(json.dumps(body, sort_keys=True).encode())
 
 
+def _sha(data: Any, size: int) -> str | None:
+    return hashlib.sha256(data).hexdigest() if size <= SHA_UP_TO else None
+
+
+def entry_of(data: bytes) -> Entry:
+    """The table entry of a file holding ``data``.
+
+    Example:
+        >>> entry_of(b"123456789")[:2]
+        [9, 3808858755]
+    """
+    return [len(data), crc32c.of_bytes(data), _sha(data, len(data))]
+
+
 def _local_entry(path: str, flush: bool) -> Entry:
     size, crc = crc32c.of_file(path)
+    sha = None
+    if size <= SHA_UP_TO:
+        with open(path, "rb") as f:
+            sha = _sha(f.read(), size)
     if flush:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    return [size, crc]
+    return [size, crc, sha]
 
 
 def _local_table(directory: str, flush: bool) -> dict[str, Entry]:
@@ -103,8 +132,8 @@ def _remote_table(directory: str) -> dict[str, Entry]:
 
     def entry(relative: str, size: int) -> Entry:
         if is_data_file(relative) and size > SIZE_ONLY_OVER:
-            return [size, None]
-        return [size, crc32c.of_bytes(fs.read_bytes(fs.join(directory, relative)))]
+            return [size, None, None]
+        return entry_of(fs.read_bytes(fs.join(directory, relative)))
 
     jobs = {rel: pool.submit(entry, rel, size) for rel, size in files.items()}
     return {rel: job.result() for rel, job in sorted(jobs.items())}
@@ -124,7 +153,7 @@ def table(
     remote = fs.is_remote(directory)
     files = _remote_table(directory) if remote else _local_table(directory, flush)
     return {
-        "algorithm": crc32c.NAME,
+        "algorithm": ALGORITHM,
         "files": {rel: entry for rel, entry in files.items() if not skip(rel)},
     }
 
@@ -141,8 +170,7 @@ def write(directory: str, relative: str, doc: dict[str, Any], extra: Mapping[str
     """
     files = dict(doc["files"])
     for rel, text in extra.items():
-        data = text.encode()
-        files[rel] = [len(data), crc32c.of_bytes(data)]
+        files[rel] = entry_of(text.encode())
     out = {"algorithm": doc["algorithm"], "files": dict(sorted(files.items()))}
     out[SELF_KEY] = doc_checksum(out)
     fs.write_text(fs.join(directory, relative), json.dumps(out))
@@ -158,12 +186,16 @@ def read(directory: str, relative: str) -> dict[str, Entry]:
     doc = json.loads(fs.read_text(fs.join(directory, relative)))
     if not isinstance(doc, dict) or doc.get(SELF_KEY) != doc_checksum(doc):
         raise ValueError("it fails its own checksum")
-    if doc.get("algorithm") != crc32c.NAME or not isinstance(doc.get("files"), dict):
+    if doc.get("algorithm") != ALGORITHM or not isinstance(doc.get("files"), dict):
         raise ValueError(f"it is malformed (algorithm {doc.get('algorithm')!r})")
     files = doc["files"]
     for rel, entry in files.items():
-        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int)
-        if not ok or not (entry[1] is None or isinstance(entry[1], int)):
+        ok = isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int)
+        if (
+            not ok
+            or not (entry[1] is None or isinstance(entry[1], int))
+            or not (entry[2] is None or isinstance(entry[2], str))
+        ):
             raise ValueError(f"it is malformed at {rel!r}: {entry!r}")
     return files
 
@@ -172,7 +204,7 @@ def problems(
     directory: str,
     relative: str,
     *,
-    data: bool = True,
+    data_up_to: int | None = None,
     name: Callable[[str, str], str] = lambda _, path: repr(path),
 ) -> dict[str, str]:
     """What differs between ``directory`` and its table: relative path -> a line; empty if intact.
@@ -180,7 +212,8 @@ def problems(
     Args:
         directory: A directory with a table.
         relative: Where its table lies.
-        data: Check the CRC of OCDBT data files too (else only their sizes).
+        data_up_to: Check the CRC of OCDBT data files up to this many bytes,
+            only the size of larger ones; None: of every one.
         name: How a line names a file, from its relative and full path.
     """
     where = fs.join(directory, relative)
@@ -193,7 +226,7 @@ def problems(
     present = fs.list_files(directory)
     pool = fs.flush_pool()
     jobs = {
-        rel: pool.submit(_file_problem, directory, rel, entry, present, data)
+        rel: pool.submit(_file_problem, directory, rel, entry, present, data_up_to)
         for rel, entry in files.items()
         if rel != relative
     }
@@ -202,18 +235,20 @@ def problems(
 
 
 def _file_problem(
-    directory: str, rel: str, entry: Entry, present: Mapping[str, int], data: bool
+    directory: str, rel: str, entry: Entry, present: Mapping[str, int], data_up_to: int | None
 ) -> str | None:
-    size, crc = entry
+    size, crc, sha = entry
     path = fs.join(directory, rel)
     if rel not in present:
         return "is missing"
     if present[rel] != size:
         return f"has {present[rel]} bytes, not the {size} it was written with"
-    if crc is None or (not data and is_data_file(rel)):
+    if crc is None or (data_up_to is not None and is_data_file(rel) and size > data_up_to):
         return None
-    remote = fs.is_remote(path)
-    found = crc32c.of_bytes(fs.read_bytes(path)) if remote else crc32c.of_file(path)[1]
-    if found != crc:
-        return "fails its CRC-32C (its bytes changed since it was written)"
+    if fs.is_remote(path) or sha is not None:
+        found = entry_of(fs.read_bytes(path))
+    else:
+        found = [size, crc32c.of_file(path)[1], None]
+    if found[1:] != [crc, sha]:
+        return "fails its checksum (its bytes changed since it was written)"
     return None

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from jaxjob._src.base import file_table, fs
 from jaxjob._src.base.file_table import CHECKPOINT_TABLE as FILE_TABLE
+from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import checksum, manifest
 from jaxjob._src.checkpoint.layout import parse_name
 
-__all__ = ["FILE_TABLE", "check", "problems"]
+__all__ = ["FILE_TABLE", "SMALL_DATA", "check", "problems", "unread"]
+
+logger = get_logger(__name__)
 
 
 _NAMES = {
@@ -37,15 +40,20 @@ def _name(relative: str, path: str) -> str:
     return f"the file {path!r}"
 
 
+SMALL_DATA = 64 << 10  # bytes: a restore checks the CRC of smaller data files, the size of others
+
+
 def problems(path: str, *, data: bool = True) -> dict[str, str]:
     """The files of the checkpoint ``path`` that differ from its table: relative path -> a line.
 
     Args:
         path: A committed checkpoint directory.
-        data: Also the CRC of the OCDBT data files (whose values every
-            restore checks per shard anyway); else their sizes only.
+        data: The CRC of every OCDBT data file; else only of those up to
+            :data:`SMALL_DATA` bytes (B-tree nodes, small leaves) and the
+            size of larger ones, whose values a restore checks per shard.
     """
-    return file_table.problems(path, FILE_TABLE, data=data, name=_name)
+    up_to = None if data else SMALL_DATA
+    return file_table.problems(path, FILE_TABLE, data_up_to=up_to, name=_name)
 
 
 def check(path: str, epoch: int | None = None, *, data: bool = False) -> dict[str, str]:
@@ -53,16 +61,17 @@ def check(path: str, epoch: int | None = None, *, data: bool = False) -> dict[st
 
     A problem in a metadata file raises. Problems in OCDBT data files are
     returned instead: the leaves read from them fail their own checks,
-    naming the leaf (:mod:`jaxjob._src.checkpoint.leaf_check`), and bytes no
-    leaf reads do not change a restore.
+    naming the leaf (:mod:`jaxjob._src.checkpoint.leaf_check`); what no leaf
+    read explains is raised after the read (:func:`unread`).
 
     Args:
         path: A committed checkpoint directory.
         epoch: Its epoch, for the error (by default from its name).
-        data: Also the CRC of the OCDBT data files (else their sizes only).
+        data: The CRC of every data file (else as :func:`problems` says).
 
     Returns:
-        The data files' problems: relative path -> a line.
+        The data files' problems, relative path -> a line, for the caller
+        to raise once the leaves read have been checked (see :func:`unread`).
 
     Raises:
         CorruptCheckpointError: Naming every damaged, missing or resized
@@ -80,3 +89,24 @@ def check(path: str, epoch: int | None = None, *, data: bool = False) -> dict[st
         parsed = parse_name(path.rstrip("/").rpartition("/")[2])
         epoch = parsed.epoch if parsed is not None else "?"
     raise checksum.corrupt(epoch, path, "; ".join(lines))
+
+
+def unread(path: str, epoch: int, damaged: dict[str, str], *, whole: bool) -> None:
+    """After a restore whose leaves all checked out: the damaged data files no leaf read.
+
+    Args:
+        path: The checkpoint directory.
+        epoch: Its epoch.
+        damaged: What :func:`check` returned.
+        whole: Whether every leaf was restored: then damage anywhere raises;
+            a partial restore (whose leaves are intact) logs a warning.
+
+    Raises:
+        CorruptCheckpointError: If ``whole`` and a data file is damaged.
+    """
+    if not damaged:
+        return
+    error = checksum.corrupt(epoch, path, "; ".join(damaged.values()))
+    if whole:
+        raise error
+    logger.warning("%s (the leaves restored are intact: they checked out as read)", error)

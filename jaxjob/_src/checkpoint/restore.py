@@ -221,15 +221,10 @@ def _committed_now(request: _Request) -> list[int]:
     return sorted(set.intersection(*epochs)) if epochs else []
 
 
-def _read_manifest(path: str) -> manifest.Manifest:
-    """The manifest of ``path``, once its files are checked against its file table."""
-    files.check(path)
-    return manifest.read(path)
-
-
 def _read(request: _Request, dirs: list[str]) -> Workspace:
     path, target, leaves = request.path, request.target, request.leaves
-    manifests = {d: _read_manifest(d) for d in dirs}
+    damaged = {d: files.check(d) for d in dirs}  # before anything else reads them
+    manifests = {d: manifest.read(d) for d in dirs}
     state = {k: v for m in manifests.values() for k, v in m.state.items()}
     patterns = list(leaves) if leaves is not None else (list(target) if target else None)
     chosen = keypaths.select(state, patterns, where=f" in the checkpoint at {str(path)!r}")
@@ -244,6 +239,10 @@ def _read(request: _Request, dirs: list[str]) -> Workspace:
     for d, found in manifests.items():
         mine = {k: sel for k, sel in chosen.items() if sel.name in found.state}
         result.update(_restore_one(d, found, mine, target, request.sharding, request.host_map))
+        whole = {sel.name for sel in mine.values()} == set(found.state) and not any(
+            sel.segments for sel in mine.values()
+        )
+        files.unread(d, found.epoch, damaged[d], whole=whole)
     return Workspace({k: result[k] for k in chosen})
 
 

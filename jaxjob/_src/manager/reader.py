@@ -47,12 +47,14 @@ class NodeReader:
         self.host_map = host_map
         self._committed = committed
         self._manifests: dict[str, manifest.Manifest] = {}
+        self._damaged: dict[str, dict[str, str]] = {}  # data files no read has explained yet
         self._orbax: ocp.Checkpointer | None = None
         self.blob_names: list[str] | None = None
 
     def forget(self, path: str) -> None:
         """Drops the cached manifest of ``path`` (a save is about to replace it)."""
         self._manifests.pop(path, None)
+        self._damaged.pop(path, None)
 
     def checkpoint(
         self, epoch: int, path_prefix: str | None = None
@@ -70,7 +72,7 @@ class NodeReader:
                     f"no committed checkpoint for node {self.node_name!r} at epoch {epoch} "
                     f"({path!r}); committed epochs: {self._committed()}"
                 )
-            files.check(path, epoch)
+            self._damaged[path] = files.check(path, epoch)
             self._manifests[path] = manifest.read(path)
         return path, self._manifests[path]
 
@@ -93,9 +95,12 @@ class NodeReader:
         """Restores ``names`` of ``item`` (each whole) from the checkpoint at ``path``."""
         structure = found.structure(item)
         chosen = {n: keypaths.Selection(n, n, (), structure[n]) for n in names}
-        return storage.restore_selected(
+        restored = storage.restore_selected(
             self.orbax(), path, found, chosen, item=item, targets=targets, host_map=self.host_map
         )
+        whole = item == storage.STATE and set(names) == set(structure)
+        files.unread(path, found.epoch, self._damaged.get(path, {}), whole=whole)
+        return restored
 
     def load(
         self,
