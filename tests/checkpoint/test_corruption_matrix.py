@@ -4,6 +4,7 @@ import os
 import shutil
 
 import damage
+import exact_job
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,3 +78,68 @@ def test_every_file_damaged_is_reported_and_refused(saved, tmp_path, kind):
     for line in undetected:
         print(*line)
     assert undetected == []
+
+
+# ---- auto-resume falls back to the newest intact epoch, exactly ------------------------------
+
+
+def _train(prefix, handler=None):
+    session = jaxjob.Session()
+    ckpt = jaxjob.CheckpointManager(prefix, metadata_handler=handler)
+    last = jaxjob.JobRunner(exact_job.build_job(None), ckpt).train(session)
+    ckpt.close()
+    return last, session.workspace
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of the exactness job: its checkpoints and its final workspace."""
+    base = tmp_path_factory.mktemp("reference")
+    last, workspace = _train(str(base / "ckpt"))
+    assert last == exact_job.EPOCHS
+    exact_job.dump(workspace, base / "out.npz")
+    return base
+
+
+def _resume_after(reference, tmp_path, rel, kind):
+    """Damages ``rel`` of the last epoch, auto-resumes, checks the fall-back and the result."""
+    prefix = str(tmp_path / "ckpt")
+    shutil.copytree(reference / "ckpt", prefix)
+    last = exact_job.EPOCHS
+    path = os.path.join(prefix, f"local.{last}")
+    other = damage.counterpart(rel, path, os.path.join(prefix, f"local.{last - 1}"))
+    assert damage.MATRIX[kind](os.path.join(path, rel), other)
+    handler = jaxjob.DiskMetadataHandler()
+    finished, workspace = _train(prefix, handler)
+    assert finished == last
+    loads = [h for h in handler.history if h["action"] == "checkpoint_load"]
+    assert [s["epoch"] for h in loads for s in h["stats"].values()] == [last - 1]
+    exact_job.dump(workspace, tmp_path / "out.npz")
+    exact_job.assert_same_workspace(reference / "out.npz", tmp_path / "out.npz")
+
+
+@pytest.mark.parametrize(
+    ("rel", "kind"),
+    [
+        ("state/array_metadatas/process_0", "flip one byte"),  # crashed every restart before
+        ("jaxjob/manifest.json", "delete"),  # a FileNotFoundError before
+        ("state/manifest.ocdbt", "replace with another epoch's copy"),  # same size, valid OCDBT
+    ],
+)
+def test_auto_resume_falls_back_exactly(reference, tmp_path, rel, kind):
+    """The last epoch damaged outside its arrays: auto-resume reruns it and ends bitwise equal."""
+    _resume_after(reference, tmp_path, rel, kind)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["flip one byte", "delete", "replace with another epoch's copy"])
+def test_auto_resume_falls_back_exactly_from_any_damaged_file(reference, tmp_path, kind):
+    """Every file of the last epoch in turn: auto-resume falls back and ends bitwise equal."""
+    path = os.path.join(reference / "ckpt", f"local.{exact_job.EPOCHS}")
+    other = os.path.join(reference / "ckpt", f"local.{exact_job.EPOCHS - 1}")
+    for i, rel in enumerate(damage.files_of(path)):
+        probe = tmp_path / f"probe{i}"
+        shutil.copytree(path, probe)
+        if not damage.MATRIX[kind](str(probe / rel), damage.counterpart(rel, path, other)):
+            continue  # this damage cannot change that file
+        _resume_after(reference, tmp_path / str(i), rel, kind)
