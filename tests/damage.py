@@ -67,6 +67,7 @@ def reseal(path):
 
     table = file_table.table(path, skip=lambda rel: rel in (files.FILE_TABLE, "commit_success.txt"))
     marker = read(os.path.join(path, "commit_success.txt"))
+    os.remove(os.path.join(path, files.FILE_TABLE))
     file_table.write(path, files.FILE_TABLE, table, {"commit_success.txt": marker})
 
 

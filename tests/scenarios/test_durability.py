@@ -158,3 +158,24 @@ def test_tensorstore_skips_its_own_fsyncs_only_where_the_commit_flushes_everythi
     asyncio.run(temporary.finalize())
     assert (tmp_path / "local.0" / "commit_success.txt").exists()
     assert not skips_fsync(temporary.get() / "state")
+
+
+def test_a_commit_whose_last_flush_fails_is_not_committed(tmp_path, monkeypatch):
+    """EIO from the flush after the rename: the epoch is taken back, the save fails, none stays."""
+    import jax.numpy as jnp
+
+    import jaxjob
+    from jaxjob._src.base import faults
+
+    monkeypatch.setenv(faults.FAIL_AT_ENV, "save.after_rename:2")  # the save of epoch 1
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"w": jnp.arange(8.0)})
+    ckpt.save(1, {"w": jnp.arange(8.0) + 1})
+    with pytest.raises(jaxjob.CheckpointSaveError, match="epoch 1 .*injected I/O error at the"):
+        ckpt.wait_until_finished()
+    assert ckpt.committed_epochs() == [0]
+    ckpt.save(2, {"w": jnp.arange(8.0) + 2})
+    ckpt.close()
+    left = sorted(n for n in os.listdir(tmp_path) if not n.startswith((".", "jaxjob_metadata")))
+    assert left == ["local.0", "local.2"]  # epoch 1's taken-back directory is gone
+    assert jaxjob.restore(str(tmp_path))["w"][0] == 2

@@ -159,7 +159,9 @@ def table(
 
 
 def write(directory: str, relative: str, doc: dict[str, Any], extra: Mapping[str, str]) -> None:
-    """Writes ``doc`` (from :func:`table`) as ``directory/relative``, with the files to come.
+    """Writes ``doc`` (from :func:`table`) as the new file ``directory/relative``, flushed.
+
+    It lists the files to come in ``extra``.
 
     Args:
         directory: The directory the table describes.
@@ -173,7 +175,9 @@ def write(directory: str, relative: str, doc: dict[str, Any], extra: Mapping[str
         files[rel] = entry_of(text.encode())
     out = {"algorithm": doc["algorithm"], "files": dict(sorted(files.items()))}
     out[SELF_KEY] = doc_checksum(out)
-    fs.write_text(fs.join(directory, relative), json.dumps(out))
+    path = fs.join(directory, relative)
+    fs.makedirs(path.rpartition("/")[0])
+    fs.write_new(path, json.dumps(out))
 
 
 def read(directory: str, relative: str) -> dict[str, Entry]:

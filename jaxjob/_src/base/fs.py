@@ -70,6 +70,7 @@ __all__ = [
     "storage_timeout_s",
     "transfer_bound_s",
     "writable",
+    "write_new",
     "write_text",
 ]
 
@@ -238,6 +239,22 @@ def write_text(path: str, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path))
+
+
+def write_new(path: str, text: str) -> None:
+    """Writes ``text`` to the new file ``path`` and flushes it (not its directory).
+
+    For files inside a directory that is not visible yet (a checkpoint's
+    temporary directory), where no reader can see a torn file: no temporary
+    name, no rename. On object stores, one upload.
+    """
+    if is_remote(path):
+        bounded(path, "a write", lambda: _p(path).write_text(text))
+        return
+    with open(path, "x") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def append_text(path: str, text: str) -> None:

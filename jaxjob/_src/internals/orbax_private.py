@@ -151,7 +151,9 @@ class DurableRename(atomicity.AtomicRenameTemporaryPath):
         tmp, final = os.fspath(self._tmp_path), os.fspath(self._final_path)
         marker = f"Checkpoint commit was successful to {self._final_path}"
         await asyncio.to_thread(_write_table, tmp, marker, True)
-        await asyncio.to_thread(fs.write_text, os.path.join(tmp, COMMIT_FILE), marker)
+        await asyncio.to_thread(fs.write_new, os.path.join(tmp, COMMIT_FILE), marker)
+        await asyncio.to_thread(fs.fsync_dir, tmp)
+        await asyncio.to_thread(fs.fsync_dir, os.path.dirname(os.path.join(tmp, FILE_TABLE)))
         await async_path.rename(self._tmp_path, self._final_path)
         try:
             faults.point("save.after_rename")
