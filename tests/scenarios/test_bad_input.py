@@ -102,6 +102,17 @@ def home_prefix(prefix, tmp):
     assert not Path("~").exists()
 
 
+def damaged_metadata(prefix, tmp):
+    """Flips a byte of Orbax's array metadata, restores, and undoes the flip."""
+    file = Path(prefix) / "local.0" / "state" / "array_metadatas" / "process_0"
+    data = file.read_bytes()
+    file.write_bytes(data[:10] + bytes([data[10] ^ 1]) + data[11:])
+    try:
+        jaxjob.restore(prefix)
+    finally:
+        file.write_bytes(data)
+
+
 CASES = [
     Case(
         "`restore(path, leaves=[...])` naming a leaf the checkpoint lacks",
@@ -317,6 +328,41 @@ CASES = [
         None,
         "",
         home_prefix,
+    ),
+    Case(
+        "a `db_prefix` URL without `//` or with a capital scheme (`s3:bucket/run`, `GS://b/run`)",
+        "`ValueError` naming the expected form and the likely meant URL",
+        "write `s3://bucket/run`",
+        ValueError,
+        r"db_prefix 's3:bucket/run' is not a well-formed URL .*did you mean s3://bucket/run\?",
+        lambda p, t: jaxjob.CheckpointManager("s3:bucket/run"),
+    ),
+    Case(
+        "a `db_prefix` URL with no bucket (`gs://`, `s3:///run`)",
+        "`ValueError` naming the expected form",
+        "name the bucket",
+        ValueError,
+        r"db_prefix 's3:///run' names no bucket \(expected gs://bucket/path or s3://bucket/path",
+        lambda p, t: jaxjob.CheckpointManager("s3:///run"),
+    ),
+    Case(
+        "`node_name=` (or a node in `init(nodes)`) that is not a `str`",
+        "`TypeError` naming what was given",
+        "name nodes with strings (or `jaxjob.Node`s)",
+        TypeError,
+        r"node_name must be a str, got 5 \(int\)",
+        lambda p, t: jaxjob.CheckpointManager(p, node_name=5),
+    ),
+    Case(
+        "a checkpoint file damaged outside the arrays (`_CHECKPOINT_METADATA`, "
+        "`array_metadatas/*`, an OCDBT manifest): changed, truncated, deleted or another epoch's",
+        "`CorruptCheckpointError` naming the file; `jaxjob verify` exits 1; auto-resume falls "
+        "back to the newest intact epoch",
+        "nothing (auto-resume); to restore by hand, pick an intact epoch (`jaxjob verify DIR`)",
+        jaxjob.CorruptCheckpointError,
+        r"epoch 0 at '.*local.0' is corrupt: the file '.*array_metadatas/process_0' fails its "
+        "checksum",
+        damaged_metadata,
     ),
 ]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import threading
 from typing import Any
 
@@ -97,6 +98,7 @@ def normalize(path: Any, argument: str = "path") -> str:
     text = os.fspath(path)
     if not isinstance(text, str):
         raise TypeError(f"{argument} must be a text path, got {path!r}")
+    _refuse_malformed_url(text, argument)
     if "://" in text:
         scheme = text.split("://", 1)[0] + "://"
         if scheme not in REMOTE_SCHEMES:
@@ -106,6 +108,28 @@ def normalize(path: Any, argument: str = "path") -> str:
             )
         return text.rstrip("/")
     return os.path.abspath(os.path.expanduser(text))
+
+
+# Schemes a path may be meant to have: written without "//", or with a capital, it is refused
+# rather than taken as a local directory named "s3:bucket".
+_URL_LIKE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):(?P<rest>.*)", re.DOTALL)
+_KNOWN_SCHEMES = {"gs", "gcs", "s3", "s3a", "s3n", "file", "http", "https", "ftp", "hdfs", "az"}
+
+
+def _refuse_malformed_url(text: str, argument: str) -> None:
+    """Raises if ``text`` reads as a URL of a known scheme, malformed or with an empty bucket."""
+    match = _URL_LIKE.fullmatch(text)
+    if match is None or match.group("scheme").lower() not in _KNOWN_SCHEMES:
+        return
+    scheme, rest = match.group("scheme"), match.group("rest")
+    expected = "gs://bucket/path or s3://bucket/path, or a local path"
+    if not rest.startswith("//") or scheme != scheme.lower():
+        raise ValueError(
+            f"{argument} {text!r} is not a well-formed URL (expected {expected}); "
+            f"did you mean {scheme.lower()}://{rest.lstrip('/')}?"
+        )
+    if f"{scheme}://" in REMOTE_SCHEMES and not rest[2:].split("/", 1)[0]:
+        raise ValueError(f"{argument} {text!r} names no bucket (expected {expected})")
 
 
 def join(path: str, *names: str) -> str:

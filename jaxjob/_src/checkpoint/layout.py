@@ -107,6 +107,7 @@ def check_node_name(name: Any) -> str:
     r"""Returns ``name`` if it can name a node's checkpoint directory ``<node>.<epoch>``.
 
     Raises:
+        TypeError: If it is not a ``str``.
         ValueError: If it is empty, ``.`` or ``..``, or holds ``/``, ``\`` or NUL.
 
     Example:
@@ -115,7 +116,9 @@ def check_node_name(name: Any) -> str:
         ...
         ValueError: node_name must be a plain directory name (...), got '../x'
     """
-    text = str(name)
+    if not isinstance(name, str):
+        raise TypeError(f"node_name must be a str, got {name!r} ({type(name).__name__})")
+    text = name
     if text in ("", ".", "..") or any(c in text for c in "/\\\0"):
         raise ValueError(
             "node_name must be a plain directory name (no '/', '\\' or NUL, not '.' or '..'), "
@@ -132,7 +135,7 @@ def get_ckpt_filename(node_name: str, epoch: int) -> str:
         >>> jaxjob.get_ckpt_filename("trainer_0", 3)
         'trainer_0.3'
     """
-    return f"{node_name}.{epoch}"
+    return f"{check_node_name(node_name)}.{check_epoch(epoch)}"
 
 
 def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None = None) -> str:

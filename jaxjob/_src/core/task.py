@@ -59,7 +59,9 @@ class Node(Context):
     _kind = "node"
 
     def __init__(self, name: str) -> None:
-        if not isinstance(name, str) or not name or "/" in name:
+        if not isinstance(name, str):
+            raise TypeError(f"Node name must be a str, got {name!r} ({type(name).__name__})")
+        if not name or "/" in name:
             raise ValueError(f"Node name must be a non-empty string without '/', got {name!r}")
         self.name = name
 

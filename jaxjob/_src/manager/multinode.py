@@ -10,8 +10,9 @@ import jax
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import manifest
 from jaxjob._src.checkpoint.hostlocal import HostMap
-from jaxjob._src.checkpoint.layout import check_epoch, db_name
+from jaxjob._src.checkpoint.layout import check_epoch, check_node_name, db_name
 from jaxjob._src.core.session import Session
+from jaxjob._src.core.task import Node
 from jaxjob._src.core.workspace import Workspace
 from jaxjob._src.manager import keep as keep_lib
 from jaxjob._src.manager import retention
@@ -139,7 +140,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         return Round(what, keyed=True, exchange=exchange, timeout_s=self.timeout_s)
 
     def _make_managers(self, nodes: Sequence[Any]) -> None:
-        names = [str(n) for n in nodes]
+        names = [check_node_name(n.name if isinstance(n, Node) else n) for n in nodes]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(
