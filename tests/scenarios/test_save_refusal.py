@@ -183,3 +183,59 @@ def test_progress_line_of_a_failed_save(tmp_path, capsys):
     )
     assert re.fullmatch(r"epoch 2  x 2\.0000  time \S+s  save FAILED", lines[1])
     assert [r.get("save_failed") for r in runner.history] == [[0, 1], [2]]
+
+
+MEMORY_JOB = """
+import os, sys
+with open(os.path.join(sys.argv[2], "cgroup.procs"), "w") as f:  # this process, limited
+    f.write(str(os.getpid()))
+import jax, jax.numpy as jnp, numpy as np, jaxjob
+ckpt = jaxjob.CheckpointManager(sys.argv[1])
+ckpt.save(0, {"w": jnp.ones(1000)})
+ckpt.wait_until_finished()
+big = {f"w{i}": jax.device_put(np.full(48 * 2**20, i, np.float32)) for i in range(2)}  # 384 MiB
+try:
+    ckpt.save(1, big)
+    ckpt.wait_until_finished()
+except MemoryError as err:  # the runner takes it as a failed save, under on_save_error
+    print("REFUSED", err, flush=True)
+ckpt.close()
+print("COMMITTED", ckpt.committed_epochs(), flush=True)
+"""
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A memory cgroup (v1) of 700 MiB; skips where cgroups cannot be made."""
+    import uuid
+
+    path = f"/sys/fs/cgroup/memory/jaxjob-test-{uuid.uuid4().hex[:8]}"
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(700 * 2**20))
+    except OSError as err:
+        pytest.skip(f"cannot make a memory cgroup here: {err}")
+    yield path
+    os.rmdir(path)
+
+
+def test_a_save_that_cannot_fit_in_memory_is_refused_not_killed(memory_cgroup, tmp_path):
+    """Under a cgroup limit, a save needing more host memory than is left fails, giving both."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", MEMORY_JOB, str(tmp_path / "run"), memory_cgroup],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]  # not killed by the OOM killer
+    refused = re.search(
+        r"REFUSED the save of epoch 1 to .* writes 384 MiB "
+        r"from this process and needs about 384 MiB .* but only (\d+) MiB",
+        proc.stdout,
+    )
+    assert refused and int(refused.group(1)) < 384, proc.stdout
+    assert "COMMITTED [0]" in proc.stdout

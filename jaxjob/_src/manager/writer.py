@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxjob._src.base import fs, preemption
+from jaxjob._src.base import fs, memory, preemption
 from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import manifest, storage
@@ -211,6 +211,7 @@ class NodeWriter:
         plan.found = dataclasses.replace(found, metrics=metrics)
         plan.encoded, plan.digests = storage.encode(plan.found, flat, self.private)
         plan.bytes = storage.nbytes(plan.encoded)
+        memory.check_room(plan.bytes, f"the save of epoch {plan.epoch} to {plan.path!r}")
         prepare_prefix(self.db_prefix)
         self.reader.forget(plan.path)
         if self.deletes:
