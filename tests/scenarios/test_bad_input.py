@@ -219,7 +219,8 @@ CASES = [
     ),
     Case(
         "a leaf Orbax cannot store: a zero-size `jax.Array`, or dtype `uint2`, `uint4` or "
-        "`float8_e4m3` (NumPy leaves of any dtype or size are stored, as bytes)",
+        "`float8_e4m3` (NumPy leaves of any plain dtype or size are stored, as bytes; structured "
+        "dtypes are refused alike)",
         "`save` (and `train`, whatever `on_save_error`) raises a `TypeError` naming the key "
         "path, dtype and shape; nothing is written",
         "store it as `uint8` (`x.astype(jnp.uint8)`, or `jax.lax.bitcast_convert_type` for "
