@@ -266,10 +266,11 @@ CASES = [
     ),
     Case(
         "a crafted manifest with a field missing (its checksum fixed to match)",
-        "`ValueError`: malformed, naming the checkpoint",
+        "`CorruptCheckpointError` (a `ValueError`) naming the manifest file and the field",
         "restore another epoch",
-        ValueError,
-        r"the manifest of '.*local.0' is malformed: 'leaves'",
+        jaxjob.CorruptCheckpointError,
+        r"epoch 0 at '.*local.0' is corrupt: the manifest '.*manifest.json' is malformed: "
+        r"the manifest lacks \['leaves'\]",
         lambda p, t: (
             edit_manifest(p, lambda d: d.pop("leaves"), resign=True),
             jaxjob.restore(p),

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -31,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxjob._src.base.leaves import HOST_LOCAL, SUPPORTED, Kind
-from jaxjob._src.checkpoint import dtypes, hostlocal
+from jaxjob._src.checkpoint import dtypes, hostlocal, schema
 
 __all__ = [
     "Codec",
@@ -80,9 +79,6 @@ def check_storable(spec: LeafSpec, dtype: Any) -> None:
         )
 
 
-STORED_NAME = re.compile(r"l[0-9]+")  # "l0", "l1", ...: Orbax keys, and directory names
-
-
 @dataclasses.dataclass(frozen=True)
 class LeafSpec:
     """What a stored leaf is: its kind, logical dtype and shape, and where it was in the tree.
@@ -97,6 +93,8 @@ class LeafSpec:
             :mod:`~jaxjob._src.checkpoint.dtypes`.
         shape: The logical (global) shape.
         impl: The PRNG implementation of a ``prng_key`` leaf.
+        nbytes: The bytes of one copy of a host-local leaf (its stored row
+            holds them); None for other leaves.
     """
 
     name: str
@@ -105,6 +103,7 @@ class LeafSpec:
     dtype: str
     shape: tuple[int, ...]
     impl: str | None = None
+    nbytes: int | None = None
 
     @property
     def host_local(self) -> bool:
@@ -125,6 +124,8 @@ class LeafSpec:
             raise UnstorableLeafError(
                 f"cannot checkpoint the leaf at {path} (shape {spec.shape}): {err}"
             ) from None
+        if spec.host_local:
+            return dataclasses.replace(spec, nbytes=hostlocal.nbytes(spec.dtype, spec.shape))
         return spec
 
     @classmethod
@@ -160,26 +161,25 @@ class LeafSpec:
         return entry
 
     @classmethod
-    def from_json(cls, entry: Mapping[str, Any]) -> LeafSpec:
-        """Reads a manifest entry.
+    def from_json(cls, entry: Any) -> LeafSpec:
+        """Reads a manifest entry, refusing any that a save does not write.
 
         Raises:
-            ValueError: If the entry is not a valid leaf description.
+            ValueError: Naming the leaf and what is wrong: a missing or unknown
+                key, a value of the wrong type, a dtype outside the allow-list,
+                a shape that is negative, too large or wrong for the kind, or
+                ``nbytes`` disagreeing with dtype and shape.
         """
-        try:
-            spec = cls(
-                name=str(entry["name"]),
-                path=str(entry["path"]),
-                kind=Kind(entry["kind"]),
-                dtype=str(entry["dtype"]),
-                shape=tuple(int(d) for d in entry["shape"]),
-                impl=None if entry.get("impl") is None else str(entry["impl"]),
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"invalid leaf entry {entry!r} in the manifest: {err}") from None
-        if any(d < 0 for d in spec.shape) or not STORED_NAME.fullmatch(spec.name):
-            raise ValueError(f"invalid leaf entry {entry!r} in the manifest")
-        return spec
+        schema.check_leaf(entry)
+        return cls(
+            entry["name"],
+            entry["path"],
+            Kind(entry["kind"]),
+            entry["dtype"],
+            tuple(entry["shape"]),
+            entry["impl"],
+            entry["nbytes"],
+        )
 
 
 # ---- tree structure -------------------------------------------------------------------------
