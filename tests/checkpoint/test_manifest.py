@@ -1,4 +1,4 @@
-"""The manifest: crafted documents are corrupt, named by field; swapped directories are refused."""
+"""The manifest: crafted documents are corrupt, named by field; copied directories are refused."""
 
 import copy
 import json
@@ -118,6 +118,8 @@ CRAFTED = {
     "time NaN": (_set("time", float("nan")), r"time is NaN"),
     "time infinite": (_set("time", float("inf")), r"time is Infinity"),
     "time past any float": (_set("time", 10**400), r"time is 1000000000"),
+    "run not hex": (_set("run", "not-a-run"), r'run is "not-a-run", expected 32 hex digits'),
+    "run a number": (_set("run", 5), r"run is 5"),
     "state a list": (_set("state", []), r"state is \[\], expected an object"),
     "state references an unknown leaf": (
         _set("state", "w", {"leaf": "l99"}),
@@ -257,7 +259,7 @@ def test_the_untouched_document_reads(doc, tmp_path):
     path = str(tmp_path / "local.0")
     _write(path, copy.deepcopy(doc))
     found = manifest.read(path)
-    assert (found.epoch, found.node) == (0, "local")
+    assert (found.epoch, found.node, found.run) == (0, "local", doc["run"])
     assert found.leaves[_leaf(doc, "['n']")["name"]].nbytes == 16
 
 
@@ -322,7 +324,7 @@ def test_another_format_is_refused_naming_both(doc, tmp_path, found, match):
     assert not isinstance(info.value, jaxjob.CorruptCheckpointError)
 
 
-# ---- the directory's name ------------------------------------------------------------------------
+# ---- the directory's name and the run ------------------------------------------------------------
 
 
 def _copy_prefix(saved, tmp_path, name="ckpt"):
@@ -367,6 +369,35 @@ def test_a_copy_whose_name_is_no_node_and_epoch_reads(saved, tmp_path, name):
     target = tmp_path / name
     shutil.copytree(os.path.join(saved, "local.1"), target)
     assert jaxjob.restore(str(target))["i"] == 14
+
+
+def _two_runs(saved, tmp_path):
+    """A db_prefix of its own run whose epoch 1 was replaced by another run's epoch 1."""
+    other = str(tmp_path / "other")
+    ckpt = jaxjob.CheckpointManager(other)
+    for epoch in (0, 1):
+        ckpt.save(epoch, jaxjob.Workspace(_workspace(10 + epoch)))
+    ckpt.close()
+    shutil.rmtree(os.path.join(other, "local.1"))
+    shutil.copytree(os.path.join(saved, "local.1"), os.path.join(other, "local.1"))
+    return other
+
+
+def test_a_checkpoint_copied_from_another_run_is_refused_through_its_db_prefix(saved, tmp_path):
+    """Same node and epoch from another db_prefix: restore and load refuse; resume skips it."""
+    prefix = _two_runs(saved, tmp_path)
+    expected = r"epoch 1 at '.*other/local\.1' is corrupt: it was saved by run [0-9a-f]{32}, but"
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=expected + ".*copied from another run"):
+        jaxjob.restore(prefix)
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=expected):
+        jaxjob.CheckpointManager(prefix).load(1)
+    ckpt = jaxjob.CheckpointManager(prefix)
+    (line,) = ckpt.verify(1)
+    assert "copied from another run" in line
+    ckpt.set_params(nodes=["local"])
+    assert ckpt.get_resume_from_epoch_id() == 0
+    assert jaxjob.restore(prefix, epoch=0)["i"] == 70  # the run's own epoch is untouched
+    assert jaxjob.restore(os.path.join(prefix, "local.1"))["i"] == 14  # alone: its own run's
 
 
 @pytest.mark.parametrize(

@@ -347,7 +347,9 @@ def test_bad_input(case, committed, tmp_path):
         with pytest.raises(case.error, match=case.match):
             case.provoke(committed, tmp_path)
     manifest_of(committed).write_bytes(manifest)  # undo a deliberate manifest edit
-    assert [e for e in os.listdir(committed) if e != "jaxjob_metadata.jsonl"] == ["local.0"]
+    listed = sorted(e for e in os.listdir(committed) if e != "jaxjob_metadata.jsonl")
+    assert listed == [".jaxjob", "local.0"]
+    assert os.listdir(Path(committed) / ".jaxjob") == ["run.json"]  # the run id; no lock left
     np.testing.assert_array_equal(jaxjob.restore(committed)["w"], np.arange(3.0))
 
 

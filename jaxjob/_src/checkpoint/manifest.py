@@ -2,8 +2,9 @@
 
 The manifest is a JSON file, ``<checkpoint>/jaxjob/manifest.json``, written
 with the checkpoint's arrays and committed with them. It holds the format
-version, the epoch and node, how many processes saved it, the tree structure
-of each persistent name (``state``) and of each saved stop-condition output
+version, the epoch and node, how many processes saved it, the run that saved
+it (:mod:`~jaxjob._src.checkpoint.run_identity`), the tree structure of each
+persistent name (``state``) and of each saved stop-condition output
 (``outputs``), one :class:`~jaxjob._src.checkpoint.codec.LeafSpec` per stored
 leaf, the checksum files, and its own checksum. It is read once per load and
 passed down; nothing in it is executed.
@@ -49,6 +50,8 @@ class Manifest:
         process_count: How many processes saved it.
         owner_process: The process that saved it alone, or None (every process).
         time: When the save started (seconds since the epoch).
+        run: The id of the run that saved it: its db_prefix's
+            (:mod:`~jaxjob._src.checkpoint.run_identity`).
         state: Persistent name -> JSON tree structure.
         outputs: Saved stop-condition output name -> JSON tree structure.
         leaves: Stored name -> :class:`~jaxjob._src.checkpoint.codec.LeafSpec`.
@@ -63,6 +66,7 @@ class Manifest:
     process_count: int
     owner_process: int | None
     time: float
+    run: str
     state: dict[str, Any]
     outputs: dict[str, Any]
     leaves: dict[str, codec.LeafSpec]
@@ -131,6 +135,7 @@ class Manifest:
             process_count=doc["process_count"],
             owner_process=doc["owner_process"],
             time=float(doc["time"]),
+            run=doc["run"],
             state=doc[STATE],
             outputs=doc[OUTPUTS],
             leaves={e["name"]: codec.LeafSpec.from_json(e) for e in doc["leaves"]},
@@ -191,6 +196,8 @@ def build(
     state: Mapping[str, Any],
     outputs: Mapping[str, Any],
     owner_process: int | None,
+    *,
+    run: str,
 ) -> tuple[Manifest, dict[str, dict[str, Any]]]:
     """The manifest of a save, and each item's leaves by stored name.
 
@@ -200,6 +207,8 @@ def build(
         state: The persistent workspace.
         outputs: The stop-condition outputs saved with it.
         owner_process: The process saving it alone, or None (every process).
+        run: The run id of the db_prefix it is saved under
+            (:func:`jaxjob._src.checkpoint.run_identity.ensure`).
 
     Raises:
         TypeError: Naming the key path of a leaf that cannot be checkpointed.
@@ -224,6 +233,7 @@ def build(
         process_count=jax.process_count(),
         owner_process=owner_process,
         time=time.time(),
+        run=run,
         state=structures[STATE],
         outputs=structures[OUTPUTS],
         leaves=leaves,
@@ -240,7 +250,8 @@ def read(path: str) -> Manifest:
 
     Each process reads it on its own, without waiting on the others. When
     the directory's name is ``<node>.<epoch>`` (not, say, a copy at
-    ``/tmp/x``), it must be the manifest's own node and epoch.
+    ``/tmp/x``), it must be the manifest's own node and epoch. The run is
+    not checked here: see :func:`jaxjob._src.checkpoint.run_identity.check`.
 
     Raises:
         FileNotFoundError: If ``path`` is not a jaxjob checkpoint directory.

@@ -26,12 +26,13 @@ from jaxjob._src.base.leaves import HOST_LOCAL, Kind
 from jaxjob._src.checkpoint import checksum, dtypes, hostlocal
 from jaxjob._src.checkpoint.layout import check_node_name
 
-__all__ = ["FIELDS", "LEAF_KEYS", "STORED_NAME", "check", "check_leaf", "leaf_names"]
+__all__ = ["FIELDS", "LEAF_KEYS", "RUN_ID", "STORED_NAME", "check", "check_leaf", "leaf_names"]
 
 STORED_NAME = re.compile(r"l(0|[1-9][0-9]{0,17})")  # "l0", "l1", ...: Orbax keys, directory names
+RUN_ID = re.compile(r"[0-9a-f]{32}")  # a run's id: a uuid4's hex
 FIELDS = frozenset(
     {"format", checksum.SELF_KEY, "epoch", "node", "process_count", "owner_process", "time"}
-    | {"state", "outputs", "leaves", "metrics", "checksums"}
+    | {"run", "state", "outputs", "leaves", "metrics", "checksums"}
 )
 LEAF_KEYS = frozenset({"name", "path", "kind", "dtype", "shape", "impl", "nbytes"})
 MAX_EPOCH = (1 << 63) - 1  # an int64
@@ -220,7 +221,7 @@ def _is_node_name(node: str) -> bool:
 
 
 def _check_run_fields(doc: dict[str, Any]) -> None:
-    """Checks epoch, node, process count, owner and time."""
+    """Checks epoch, node, process count, owner, time and run."""
     epoch, count, owner = doc["epoch"], doc["process_count"], doc["owner_process"]
     _require(is_int(epoch) and 0 <= epoch <= MAX_EPOCH, "epoch", epoch, "an int >= 0")
     plain = isinstance(doc["node"], str) and _is_node_name(doc["node"])
@@ -232,6 +233,8 @@ def _check_run_fields(doc: dict[str, Any]) -> None:
         owner is None or (is_int(owner) and 0 <= owner < count), "owner_process", owner, owners
     )
     _require(_finite(doc["time"]), "time", doc["time"], "a finite number of seconds")
+    run = doc["run"]
+    _require(isinstance(run, str) and bool(RUN_ID.fullmatch(run)), "run", run, "32 hex digits")
 
 
 def _check_metrics(metrics: Any) -> None:
