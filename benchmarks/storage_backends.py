@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import jaxjob
-from jaxjob._src.checkpoint import manifest, storage
+from jaxjob._src.checkpoint import manifest, run_identity, storage
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
@@ -43,7 +43,7 @@ def _durable(prefix, ws):
 
 
 def _orbax_rename(prefix, ws):
-    found, flat = manifest.build(0, "local", ws, {}, None)
+    found, flat = manifest.build(0, "local", ws, {}, None, run=run_identity.ensure(prefix))
     encoded, _ = storage.encode(found, flat, private=False)
     checkpointer = ocp.Checkpointer(storage.composite_handler(prefix, False))
     start = time.perf_counter()

@@ -43,6 +43,8 @@ def _names_it(message, rel):
         return True
     if rel == files.FILE_TABLE:  # another epoch's table, intact in itself: the files disagree
         return "is corrupt: " in message
+    if rel == "jaxjob/manifest.json":  # another epoch's: it says which epoch it is
+        return "the manifest says epoch 0" in message
     return file_table.is_data_file(rel) and "leaf " in message  # the leaf it holds, and its file
 
 

@@ -99,7 +99,8 @@ def test_resave_of_a_committed_epoch_replaces_it(tmp_path):
     ckpt.save(1, {"x": jnp.ones(2)})
     ckpt.close()  # releases the writer's lock file, local.lock
     assert ckpt.load(1)["x"].tolist() == [1.0, 1.0]
-    assert os.listdir(tmp_path) == ["local.1"]  # the superseded copy is gone
+    assert sorted(os.listdir(tmp_path)) == [".jaxjob", "local.1"]  # the superseded copy is gone
+    assert os.listdir(tmp_path / ".jaxjob") == ["run.json"]  # the run id, kept without the lock
 
 
 def test_missing_epoch_lists_committed_ones(tmp_path):

@@ -72,8 +72,9 @@ def test_training_eight_epochs_leaves_what_the_policy_keeps(tmp_path, policy, ex
     ckpt.close()
     assert ckpt.committed_epochs() == expected
     assert sorted(os.listdir(tmp_path)) == sorted(
-        [f"local.{e}" for e in expected] + ["jaxjob_metadata.jsonl"]
+        [f"local.{e}" for e in expected] + ["jaxjob_metadata.jsonl", ".jaxjob"]
     )
+    assert os.listdir(tmp_path / ".jaxjob") == ["run.json"]  # the run id; the lock is gone
 
 
 def test_best_ranking_survives_a_restart(tmp_path):
@@ -130,7 +131,8 @@ def test_a_failed_deletion_is_logged_and_retried_after_the_next_commit(tmp_path,
     ckpt.save(2, jaxjob.Workspace({"w": jnp.full(2, 2.0)}))
     ckpt.close()
     assert not os.path.exists(aside)
-    assert sorted(os.listdir(tmp_path)) == ["local.2"]
+    assert sorted(os.listdir(tmp_path)) == [".jaxjob", "local.2"]
+    assert os.listdir(tmp_path / ".jaxjob") == ["run.json"]
     np.testing.assert_array_equal(ckpt.load(2)["w"], [2.0, 2.0])
 
 
@@ -167,6 +169,7 @@ def test_killed_during_deletion_resumes_exactly_and_finishes_retention(tmp_path)
     assert "Attempted to create temporary directory" not in proc.stderr
     assert ckpt.committed_epochs() == [7, 8]
     assert sorted(os.listdir(tmp_path / "ckpt")) == [
-        "jaxjob_metadata.jsonl", "local.7", "local.8",
+        ".jaxjob", "jaxjob_metadata.jsonl", "local.7", "local.8",
     ]  # fmt: skip
+    assert os.listdir(tmp_path / "ckpt" / ".jaxjob") == ["run.json"]
     _same_workspace(tmp_path / "ref.npz", tmp_path / "out.npz")

@@ -137,9 +137,10 @@ def test_the_lock_lies_outside_the_node_names(tmp_path):
     assert jaxjob.cli.main(["ls", str(tmp_path)]) == 0
     np.testing.assert_array_equal(jaxjob.restore(str(tmp_path), node_name="a")["w"], [2, 2])
     a.close()
-    assert sorted(os.listdir(tmp_path / ".jaxjob")) == ["b.lock"]  # b's lock stays
+    assert sorted(os.listdir(tmp_path / ".jaxjob")) == ["b.lock", "run.json"]  # b's lock stays
     b.close()
-    assert sorted(os.listdir(tmp_path)) == ["a.1", "a.2", "b.0"]  # the folder went with it
+    assert sorted(os.listdir(tmp_path)) == [".jaxjob", "a.1", "a.2", "b.0"]
+    assert os.listdir(tmp_path / ".jaxjob") == ["run.json"]  # the locks went; the run id stays
 
 
 def test_managers_of_one_process_share_the_lock_and_reading_needs_none(tmp_path):

@@ -233,7 +233,8 @@ CASES = [
     ),
     Case(
         "a leaf Orbax cannot store: a zero-size `jax.Array`, or dtype `uint2`, `uint4` or "
-        "`float8_e4m3` (NumPy leaves of any dtype or size are stored, as bytes)",
+        "`float8_e4m3` (NumPy leaves of any plain dtype or size are stored, as bytes; structured "
+        "dtypes are refused alike)",
         "`save` (and `train`, whatever `on_save_error`) raises a `TypeError` naming the key "
         "path, dtype and shape; nothing is written",
         "store it as `uint8` (`x.astype(jnp.uint8)`, or `jax.lax.bitcast_convert_type` for "
@@ -279,10 +280,11 @@ CASES = [
     ),
     Case(
         "a crafted manifest with a field missing (its checksum fixed to match)",
-        "`ValueError`: malformed, naming the checkpoint",
+        "`CorruptCheckpointError` (a `ValueError`) naming the manifest file and the field",
         "restore another epoch",
-        ValueError,
-        r"the manifest of '.*local.0' is malformed: 'leaves'",
+        jaxjob.CorruptCheckpointError,
+        r"epoch 0 at '.*local.0' is corrupt: the manifest '.*manifest.json' is malformed: "
+        r"the manifest lacks \['leaves'\]",
         lambda p, t: (
             edit_manifest(p, lambda d: d.pop("leaves"), resign=True),
             jaxjob.restore(p),
@@ -397,7 +399,9 @@ def test_bad_input(case, committed, tmp_path):
             case.provoke(committed, tmp_path)
     manifest_of(committed).write_bytes(manifest)  # undo a deliberate manifest edit
     table.write_bytes(sealed)  # and a forger's new file table
-    assert [e for e in os.listdir(committed) if e != "jaxjob_metadata.jsonl"] == ["local.0"]
+    listed = sorted(e for e in os.listdir(committed) if e != "jaxjob_metadata.jsonl")
+    assert listed == [".jaxjob", "local.0"]
+    assert os.listdir(Path(committed) / ".jaxjob") == ["run.json"]  # the run id; no lock left
     np.testing.assert_array_equal(jaxjob.restore(committed)["w"], np.arange(3.0))
 
 

@@ -48,7 +48,9 @@ def small_disk(tmp_path):
 
 
 def _listing(path):
-    return sorted(n for n in os.listdir(path) if n != "jaxjob_metadata.jsonl")
+    """What ``path`` holds but the history and the run id (and no lock is left)."""
+    assert os.listdir(os.path.join(path, ".jaxjob")) == ["run.json"]
+    return sorted(n for n in os.listdir(path) if n not in ("jaxjob_metadata.jsonl", ".jaxjob"))
 
 
 def test_disk_full_keeps_older_epochs_and_a_later_run_resumes(small_disk, tmp_path):

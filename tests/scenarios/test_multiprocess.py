@@ -9,6 +9,8 @@ import textwrap
 import paths
 import pytest
 
+from jaxjob._src.checkpoint import manifest, run_identity
+
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -58,16 +60,17 @@ def _launch(tmp_path, epochs):
     return sorted(line.split("RESULT ")[1] for line in proc.stdout.splitlines() if "RESULT" in line)
 
 
+def _checkpoint_dirs(prefix):
+    """The directories under ``prefix`` but the run id's (which must hold only that, no lock)."""
+    assert os.listdir(prefix / ".jaxjob") == ["run.json"]
+    return sorted(p.name for p in prefix.iterdir() if p.is_dir() and p.name != ".jaxjob")
+
+
 def test_two_processes_train_checkpoint_and_resume(tmp_path):
     """2 processes x 2 devices: train 2 epochs, then resume to 3; each host keeps its own shards."""
     assert _launch(tmp_path, 2) == ["0 2 True [2.0, 4.0]", "1 2 True [6.0, 8.0]"]
     assert _launch(tmp_path, 3) == ["0 3 True [3.0, 5.0]", "1 3 True [7.0, 9.0]"]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.is_dir()) == [
-        "local.0",
-        "local.1",
-        "local.2",
-        "local.3",
-    ]
+    assert _checkpoint_dirs(tmp_path / "ckpt") == ["local.0", "local.1", "local.2", "local.3"]
 
 
 def _run_script(tmp_path, script, epochs):
@@ -94,7 +97,7 @@ def test_multi_node_manager_on_two_processes(tmp_path):
         assert (first["w_0"], first["w_1"]) == ([2.0], [4.0])
         assert (second["w_0"], second["w_1"]) == ([3.0], [8.0])  # resumed, not restarted
         assert second["cursor"] == [process, 3]  # each process's own copy, from trainer_1
-    names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    names = _checkpoint_dirs(tmp_path)
     assert names == [f"{n}.{e}" for n in ("local", "trainer_0", "trainer_1") for e in range(4)]
 
 
@@ -113,8 +116,10 @@ def test_each_process_saves_its_own_node(tmp_path):
     assert gathered["gathered"] and not gathered["missing_epoch"]
     assert gathered["gathered_w"] == {"w_0": [7.0] * 3, "w_1": [15.0] * 3}
     assert gathered["restored_w"] == [15.0] * 3  # jaxjob.restore of process 1's node, on process 0
-    names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    names = _checkpoint_dirs(tmp_path)
     assert names == [f"trainer_{i}.{e}" for i in (0, 1) for e in range(4)]
+    runs = {manifest.read(str(tmp_path / name)).run for name in names}
+    assert runs == {run_identity.read(str(tmp_path))}  # one run, whichever process created it
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ __all__ = [
     "StorageTimeoutError",
     "append_text",
     "bounded",
+    "create_only",
     "endpoint",
     "exists",
     "fsync_dir",
@@ -279,6 +280,63 @@ def write_new(path: str, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def create_only(path: str, text: str) -> bool:
+    """Writes ``text`` to a new file or object at ``path``, unless one exists there.
+
+    No reader ever sees it partly written: on local disk a temporary file
+    is fsynced and hard-linked to ``path`` (which fails if ``path`` exists;
+    where links are not supported, an exclusive create); on ``gs://`` a
+    create-only upload, on ``s3://`` an exclusive open.
+
+    Returns:
+        Whether this call created it (False: it existed).
+    """
+    if is_remote(path):
+        return bounded(path, "a write", lambda: _create_remote(path, text))
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here (some FUSE and FAT file systems)
+        return _create_exclusive(path, text)
+    finally:
+        os.remove(tmp)
+    fsync_dir(os.path.dirname(path))
+    return True
+
+
+def _create_exclusive(path: str, text: str) -> bool:
+    try:
+        with open(path, "x") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except FileExistsError:
+        return False
+    fsync_dir(os.path.dirname(path))
+    return True
+
+
+def _create_remote(path: str, text: str) -> bool:
+    import fsspec
+
+    filesystem, _, (key,) = fsspec.get_fs_token_paths(path)
+    try:
+        if path.startswith("gs://"):
+            filesystem.pipe_file(key, text.encode(), mode="create")
+        else:
+            with filesystem.open(key, "xb") as f:
+                f.write(text.encode())
+    except FileExistsError:
+        return False
+    return True
 
 
 def append_text(path: str, text: str) -> None:

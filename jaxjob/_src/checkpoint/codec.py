@@ -21,19 +21,16 @@ Two codecs turn leaves into what Orbax stores and back:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tensorstore as ts
 
 from jaxjob._src.base.leaves import HOST_LOCAL, SUPPORTED, Kind
-from jaxjob._src.checkpoint import hostlocal
+from jaxjob._src.checkpoint import dtypes, hostlocal, schema
 
 __all__ = [
     "Codec",
@@ -56,16 +53,6 @@ class UnstorableLeafError(TypeError):
     """
 
 
-@functools.cache
-def _orbax_stores(dtype: np.dtype) -> bool:
-    """Whether Orbax can write arrays of ``dtype``: TensorStore, which writes them, has it."""
-    try:
-        ts.dtype(np.dtype(dtype).name)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def check_storable(spec: LeafSpec, dtype: Any) -> None:
     """Refuses a leaf that Orbax would store as an array of ``dtype`` but cannot.
 
@@ -78,7 +65,7 @@ def check_storable(spec: LeafSpec, dtype: Any) -> None:
     """
     kind = {Kind.JAX: "jax.Array", Kind.PRNG_KEY: "PRNG key array"}.get(spec.kind, "array")
     what = f"the {kind} at {spec.path} (dtype {spec.dtype}, shape {spec.shape})"
-    if not _orbax_stores(np.dtype(dtype)):
+    if not dtypes.orbax_stores(np.dtype(dtype)):
         raise UnstorableLeafError(
             f"cannot checkpoint {what}: Orbax (TensorStore) cannot store dtype "
             f"{np.dtype(dtype).name}; save it as uint8 instead (x.astype(jnp.uint8) keeps "
@@ -92,9 +79,6 @@ def check_storable(spec: LeafSpec, dtype: Any) -> None:
         )
 
 
-STORED_NAME = re.compile(r"l[0-9]+")  # "l0", "l1", ...: Orbax keys, and directory names
-
-
 @dataclasses.dataclass(frozen=True)
 class LeafSpec:
     """What a stored leaf is: its kind, logical dtype and shape, and where it was in the tree.
@@ -105,9 +89,12 @@ class LeafSpec:
         kind: Its :class:`~jaxjob._src.base.leaves.Kind` (``"jax"``, ``"prng_key"``,
             ``"numpy"``, ``"numpy_scalar"`` or ``"python"`` in the manifest).
         dtype: The dtype's name (``"float32"``, ``"key<fry>"``; for Python
-            scalars ``"bool"``, ``"int"`` or ``"float"``).
+            scalars ``"bool"``, ``"int"`` or ``"float"``), one of
+            :mod:`~jaxjob._src.checkpoint.dtypes`.
         shape: The logical (global) shape.
         impl: The PRNG implementation of a ``prng_key`` leaf.
+        nbytes: The bytes of one copy of a host-local leaf (its stored row
+            holds them); None for other leaves.
     """
 
     name: str
@@ -116,6 +103,7 @@ class LeafSpec:
     dtype: str
     shape: tuple[int, ...]
     impl: str | None = None
+    nbytes: int | None = None
 
     @property
     def host_local(self) -> bool:
@@ -129,6 +117,19 @@ class LeafSpec:
         Raises:
             UnstorableLeafError: If ``leaf`` cannot be checkpointed (naming ``path``).
         """
+        spec = cls._describe(leaf, name, path)
+        try:
+            dtypes.check(spec.kind, spec.dtype, spec.impl)
+        except ValueError as err:
+            raise UnstorableLeafError(
+                f"cannot checkpoint the leaf at {path} (shape {spec.shape}): {err}"
+            ) from None
+        if spec.host_local:
+            return dataclasses.replace(spec, nbytes=hostlocal.nbytes(spec.dtype, spec.shape))
+        return spec
+
+    @classmethod
+    def _describe(cls, leaf: Any, name: str, path: str) -> LeafSpec:
         if isinstance(leaf, jax.Array):
             if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
                 impl = str(jax.random.key_impl(leaf))
@@ -160,26 +161,25 @@ class LeafSpec:
         return entry
 
     @classmethod
-    def from_json(cls, entry: Mapping[str, Any]) -> LeafSpec:
-        """Reads a manifest entry.
+    def from_json(cls, entry: Any) -> LeafSpec:
+        """Reads a manifest entry, refusing any that a save does not write.
 
         Raises:
-            ValueError: If the entry is not a valid leaf description.
+            ValueError: Naming the leaf and what is wrong: a missing or unknown
+                key, a value of the wrong type, a dtype outside the allow-list,
+                a shape that is negative, too large or wrong for the kind, or
+                ``nbytes`` disagreeing with dtype and shape.
         """
-        try:
-            spec = cls(
-                name=str(entry["name"]),
-                path=str(entry["path"]),
-                kind=Kind(entry["kind"]),
-                dtype=str(entry["dtype"]),
-                shape=tuple(int(d) for d in entry["shape"]),
-                impl=None if entry.get("impl") is None else str(entry["impl"]),
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"invalid leaf entry {entry!r} in the manifest: {err}") from None
-        if any(d < 0 for d in spec.shape) or not STORED_NAME.fullmatch(spec.name):
-            raise ValueError(f"invalid leaf entry {entry!r} in the manifest")
-        return spec
+        schema.check_leaf(entry)
+        return cls(
+            entry["name"],
+            entry["path"],
+            Kind(entry["kind"]),
+            entry["dtype"],
+            tuple(entry["shape"]),
+            entry["impl"],
+            entry["nbytes"],
+        )
 
 
 # ---- tree structure -------------------------------------------------------------------------
@@ -239,14 +239,32 @@ def flatten(
         if type(node) in (list, tuple) or (type(node) is not dict and keyless):
             kind = "tuple" if type(node) is tuple else "list"
             return {kind: [walk(c, f"{path}{jax.tree_util.keystr((e,))}") for e, c in children]}
+        keys = [_key(_entry_key(e)) for e, _ in children]
+        _check_unique(keys, path)
         return {
             "dict": [
-                [_key(_entry_key(e)), walk(c, f"{path}{jax.tree_util.keystr((e,))}")]
-                for e, c in children
+                [key, walk(c, f"{path}{jax.tree_util.keystr((e,))}")]
+                for key, (e, c) in zip(keys, children, strict=True)
             ]
         }
 
     return walk(tree, where), leaves
+
+
+def _check_unique(keys: list[Any], path: str) -> None:
+    """Refuses dict keys that are one key once stored (``1.5`` and ``"1.5"``: both ``"1.5"``).
+
+    Raises:
+        UnstorableLeafError: Naming the container's key path and the keys.
+    """
+    stored = [_unkey(k) for k in keys]
+    if len(set(stored)) < len(stored):
+        twice = sorted({str(k) for k in stored if stored.count(k) > 1})
+        raise UnstorableLeafError(
+            f"cannot checkpoint the container at {path or 'the top'}: its keys {twice} are "
+            "the same once stored (a checkpoint keeps str, int and bool keys; others become "
+            "their str); rename them"
+        )
 
 
 def unflatten(structure: Any, leaves: Mapping[str, Any]) -> Any:

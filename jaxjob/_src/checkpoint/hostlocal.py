@@ -10,6 +10,7 @@ and dtype are in the checkpoint manifest.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "decode",
     "dtype_of",
     "encode",
+    "nbytes",
     "replicate",
     "row_for_this_process",
     "target",
@@ -67,9 +69,18 @@ def replicate(leaf: jax.Array) -> tuple[jax.Array, str]:
     return value, digest
 
 
+def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """The bytes of one copy of a host-local leaf of dtype name ``dtype`` and ``shape``.
+
+    Example:
+        >>> nbytes("float32", (2, 3)), nbytes("int", ())
+        (24, 8)
+    """
+    return math.prod(shape) * dtype_of(dtype).itemsize
+
+
 def _row_width(spec: LeafSpec) -> int:
-    count = int(np.prod(spec.shape, dtype=np.int64))
-    return max(1, count * dtype_of(spec.dtype).itemsize)
+    return max(1, nbytes(spec.dtype, spec.shape))
 
 
 def dtype_of(dtype: str) -> np.dtype:
@@ -134,9 +145,9 @@ def decode(array: jax.Array, spec: LeafSpec, row: int | None) -> Any:
         data = np.asarray(array.addressable_shards[0].data)[0]
     else:
         data = np.asarray(array)[row]
-    dtype, shape = dtype_of(spec.dtype), spec.shape
-    count = int(np.prod(shape, dtype=np.int64))
-    return as_saved(data[: count * dtype.itemsize].view(dtype).reshape(shape).copy(), spec)
+    size = nbytes(spec.dtype, spec.shape)
+    value = data[:size].view(dtype_of(spec.dtype)).reshape(spec.shape).copy()
+    return as_saved(value, spec)
 
 
 def as_saved(value: np.ndarray, spec: LeafSpec) -> Any:

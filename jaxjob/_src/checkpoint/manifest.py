@@ -2,10 +2,17 @@
 
 The manifest is a JSON file, ``<checkpoint>/jaxjob/manifest.json``, written
 with the checkpoint's arrays and committed with them. It holds the format
-version, the epoch and node, how many processes saved it, the tree structure
-of each persistent name (``state``) and of each saved stop-condition output
-(``outputs``), and one :class:`~jaxjob._src.checkpoint.codec.LeafSpec` per stored leaf. It is
-read once per load and passed down; nothing in it is executed.
+version, the epoch and node, how many processes saved it, the run that saved
+it (:mod:`~jaxjob._src.checkpoint.run_identity`), the tree structure of each
+persistent name (``state``) and of each saved stop-condition output
+(``outputs``), one :class:`~jaxjob._src.checkpoint.codec.LeafSpec` per stored
+leaf, the checksum files, and its own checksum. It is read once per load and
+passed down; nothing in it is executed.
+
+Reading refuses, as corrupt, a manifest without its own checksum or failing
+it, one with any field missing, null, mistyped or out of range
+(:mod:`~jaxjob._src.checkpoint.schema`), and one naming another node or epoch
+than its directory ``<node>.<epoch>`` (a copied or swapped directory).
 """
 
 from __future__ import annotations
@@ -20,11 +27,13 @@ from typing import Any
 import jax
 
 from jaxjob._src.base import fs
-from jaxjob._src.checkpoint import checksum, codec, keypaths
+from jaxjob._src.base.checks import is_int
+from jaxjob._src.checkpoint import checksum, codec, keypaths, schema
+from jaxjob._src.checkpoint.layout import get_ckpt_filename, parse_name
 
 __all__ = ["FORMAT", "MANIFEST_FILE", "MANIFEST_ITEM", "Manifest", "build", "read"]
 
-FORMAT = 3
+FORMAT = 4
 MANIFEST_ITEM = "jaxjob"
 MANIFEST_FILE = "manifest.json"
 STATE = "state"
@@ -41,14 +50,15 @@ class Manifest:
         process_count: How many processes saved it.
         owner_process: The process that saved it alone, or None (every process).
         time: When the save started (seconds since the epoch).
+        run: The id of the run that saved it: its db_prefix's
+            (:mod:`~jaxjob._src.checkpoint.run_identity`).
         state: Persistent name -> JSON tree structure.
         outputs: Saved stop-condition output name -> JSON tree structure.
         leaves: Stored name -> :class:`~jaxjob._src.checkpoint.codec.LeafSpec`.
+        checksums: The checksum algorithm and the files holding each
+            process's checksums (:mod:`jaxjob._src.checkpoint.checksum`).
         metrics: Scalars that retention ranks by (:class:`jaxjob.keep.Best`),
             name -> value; read without reading any array.
-        checksums: The checksum algorithm and the files holding each
-            process's checksums (:mod:`jaxjob._src.checkpoint.checksum`); None for a
-            checkpoint saved without them.
     """
 
     epoch: int
@@ -56,11 +66,12 @@ class Manifest:
     process_count: int
     owner_process: int | None
     time: float
+    run: str
     state: dict[str, Any]
     outputs: dict[str, Any]
     leaves: dict[str, codec.LeafSpec]
+    checksums: dict[str, Any]
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    checksums: dict[str, Any] | None = None
 
     @property
     def state_keys(self) -> list[str]:
@@ -93,33 +104,80 @@ class Manifest:
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Manifest:
-        """Reads the JSON document of the checkpoint at ``where``.
+        """Reads the JSON document of the checkpoint at ``where``, refusing a malformed one.
 
         Raises:
-            ValueError: If it is of another format or malformed.
+            ValueError: If it is of another format (naming both).
+            CorruptCheckpointError: Naming the manifest file, if it lacks its
+                own checksum or fails it, or a field is missing, null, of the
+                wrong type or out of range (naming the field;
+                :mod:`~jaxjob._src.checkpoint.schema`): it was damaged, edited
+                or written by another tool.
         """
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-            raise ValueError(
-                f"{where!r} has checkpoint format {found!r}; this jaxjob reads format {FORMAT} "
-                "(write it again with this version of jaxjob)"
-            )
+        file = fs.join(where, MANIFEST_ITEM, MANIFEST_FILE)
+        _check_format(doc, where, file)
+        _check_self(doc, where, file)
         try:
-            leaves = [codec.LeafSpec.from_json(e) for e in doc["leaves"]]
-            return cls(
-                epoch=int(doc["epoch"]),
-                node=str(doc["node"]),
-                process_count=int(doc["process_count"]),
-                owner_process=None if doc["owner_process"] is None else int(doc["owner_process"]),
-                time=float(doc["time"]),
-                state=dict(doc[STATE]),
-                outputs=dict(doc[OUTPUTS]),
-                leaves={spec.name: spec for spec in leaves},
-                metrics={str(k): float(v) for k, v in doc.get("metrics", {}).items()},
-                checksums=None if doc.get("checksums") is None else dict(doc["checksums"]),
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"the manifest of {where!r} is malformed: {err}") from None
+            schema.check(doc)
+            for name in [*doc[STATE], *doc[OUTPUTS]]:
+                check_name(name)
+        except ValueError as err:
+            raise checksum.corrupt(
+                _epoch_of(where, doc),
+                where,
+                f"the manifest {file!r} is malformed: {err}; it passes its own checksum, so it "
+                "was edited or written by another tool (restore another epoch, or save this "
+                "one again)",
+            ) from None
+        return cls(
+            epoch=doc["epoch"],
+            node=doc["node"],
+            process_count=doc["process_count"],
+            owner_process=doc["owner_process"],
+            time=float(doc["time"]),
+            run=doc["run"],
+            state=doc[STATE],
+            outputs=doc[OUTPUTS],
+            leaves={e["name"]: codec.LeafSpec.from_json(e) for e in doc["leaves"]},
+            checksums=doc["checksums"],
+            metrics={name: float(value) for name, value in doc["metrics"].items()},
+        )
+
+
+def _check_format(doc: Any, where: str, file: str) -> None:
+    """Refuses a document of another format (a ValueError) or with no format (corrupt)."""
+    found = doc.get("format") if isinstance(doc, dict) else None
+    if not is_int(found):
+        shown = json.dumps(found)[:40]
+        what = f"the manifest {file!r} has no format version (its format is {shown})"
+        raise checksum.corrupt(_epoch_of(where, doc), where, what)
+    if found != FORMAT:
+        fix = (
+            "write it again with this version of jaxjob"
+            if found < FORMAT
+            else "it was written by a newer jaxjob: upgrade jaxjob to read it"
+        )
+        raise ValueError(
+            f"{where!r} has checkpoint format {str(found)[:20]}; this jaxjob reads format "
+            f"{FORMAT} ({fix})"
+        )
+
+
+def _check_self(doc: dict[str, Any], where: str, file: str) -> None:
+    """Refuses a document without its own checksum, or failing it."""
+    if checksum.SELF_KEY not in doc:
+        what = (
+            f"the manifest {file!r} has no {checksum.SELF_KEY} (every format-{FORMAT} "
+            "manifest carries one): it was edited or written by another tool"
+        )
+        raise checksum.corrupt(_epoch_of(where, doc), where, what)
+    try:
+        intact = doc[checksum.SELF_KEY] == checksum.doc_checksum(doc)
+    except RecursionError:  # nested deeper than JSON's encoder goes: no save writes that
+        intact = False
+    if not intact:
+        what = f"the manifest {file!r} fails its checksum"
+        raise checksum.corrupt(_epoch_of(where, doc), where, what)
 
 
 def check_name(name: str) -> None:
@@ -138,8 +196,19 @@ def build(
     state: Mapping[str, Any],
     outputs: Mapping[str, Any],
     owner_process: int | None,
+    *,
+    run: str,
 ) -> tuple[Manifest, dict[str, dict[str, Any]]]:
     """The manifest of a save, and each item's leaves by stored name.
+
+    Args:
+        epoch: The epoch saved.
+        node: The node saved.
+        state: The persistent workspace.
+        outputs: The stop-condition outputs saved with it.
+        owner_process: The process saving it alone, or None (every process).
+        run: The run id of the db_prefix it is saved under
+            (:func:`jaxjob._src.checkpoint.run_identity.ensure`).
 
     Raises:
         TypeError: Naming the key path of a leaf that cannot be checkpointed.
@@ -164,6 +233,7 @@ def build(
         process_count=jax.process_count(),
         owner_process=owner_process,
         time=time.time(),
+        run=run,
         state=structures[STATE],
         outputs=structures[OUTPUTS],
         leaves=leaves,
@@ -178,13 +248,19 @@ def build(
 def read(path: str) -> Manifest:
     """Reads the manifest of the committed checkpoint directory ``path``.
 
-    Each process reads it on its own, without waiting on the others.
+    Each process reads it on its own, without waiting on the others. When
+    the directory's name is ``<node>.<epoch>`` (not, say, a copy at
+    ``/tmp/x``), it must be the manifest's own node and epoch. The run is
+    not checked here: see :func:`jaxjob._src.checkpoint.run_identity.check`.
 
     Raises:
         FileNotFoundError: If ``path`` is not a jaxjob checkpoint directory.
-        CorruptCheckpointError: If the manifest is not valid JSON or fails its
-            checksum, or a file under ``path`` is a link leading outside it.
-        ValueError: If the manifest is of another format or malformed.
+        CorruptCheckpointError: If the manifest is not valid JSON, lacks or
+            fails its own checksum, is malformed (see :meth:`Manifest.from_json`),
+            or names another node or epoch than the directory's name (a copied
+            or swapped directory), or a file under ``path`` is a link leading
+            outside it.
+        ValueError: If the manifest is of another format.
     """
     file = fs.join(path, MANIFEST_ITEM, MANIFEST_FILE)
     leaving = fs.links_leaving(path)
@@ -205,21 +281,34 @@ def read(path: str) -> Manifest:
         ) from None
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as err:
+    except (ValueError, RecursionError) as err:  # ValueError: also an int of 4300+ digits
         raise checksum.corrupt(
             _epoch_of(path), path, f"the manifest {file!r} is not valid JSON: {err}"
         ) from None
-    if (
-        isinstance(doc, dict)
-        and doc.get("format") == FORMAT
-        and checksum.SELF_KEY in doc
-        and doc[checksum.SELF_KEY] != checksum.doc_checksum(doc)
-    ):
-        raise checksum.corrupt(_epoch_of(path), path, f"the manifest {file!r} fails its checksum")
-    return Manifest.from_json(doc, path)
+    found = Manifest.from_json(doc, path)
+    _check_place(found, path)
+    return found
 
 
-def _epoch_of(path: str) -> int | str:
-    """The epoch in a checkpoint directory's name ``<node>.<epoch>``, or ``"?"``."""
-    tail = path.rstrip("/").rpartition(".")[2]
-    return int(tail) if tail.isdigit() else "?"
+def _check_place(found: Manifest, path: str) -> None:
+    """Refuses a manifest of another node or epoch than its directory's name ``<node>.<epoch>``."""
+    base = path.rstrip("/").rpartition("/")[2]
+    entry = parse_name(base)
+    if entry is None or (entry.node, entry.epoch) == (found.node, found.epoch):
+        return
+    raise checksum.corrupt(
+        entry.epoch,
+        path,
+        f"the manifest says epoch {found.epoch} node {found.node!r} but the directory is "
+        f"{base}: a copied or swapped checkpoint directory (rename it "
+        f"{get_ckpt_filename(found.node, found.epoch)!r} if that is what it holds)",
+    )
+
+
+def _epoch_of(path: str, doc: Any = None) -> int | str:
+    """The epoch of a directory's name ``<node>.<epoch>``, else the manifest's, else ``"?"``."""
+    entry = parse_name(path.rstrip("/").rpartition("/")[2])
+    if entry is not None:
+        return entry.epoch
+    epoch = doc.get("epoch") if isinstance(doc, dict) else None
+    return epoch if is_int(epoch) and epoch >= 0 else "?"

@@ -10,7 +10,7 @@ from typing import Any
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import files, keypaths, manifest, storage
+from jaxjob._src.checkpoint import files, keypaths, manifest, run_identity, storage
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import (
     check_epoch,
@@ -134,6 +134,9 @@ def restore(
             epochs), or ``epoch``'s was deleted while it was read (a live
             run's retention); with ``epoch=None`` the newest committed one is
             read instead.
+        CorruptCheckpointError: If a checkpoint read is damaged or its
+            manifest malformed, or names another node or epoch than its
+            directory, or (read through a db_prefix) another run saved it.
         KeyError: If a pattern of ``leaves`` matches nothing (lists close key
             paths), or a key of a ``sharding`` mapping names neither a
             restored key nor a saved name (lists the available ones).
@@ -225,6 +228,9 @@ def _read(request: _Request, dirs: list[str]) -> Workspace:
     path, target, leaves = request.path, request.target, request.leaves
     damaged = {d: files.check(d) for d in dirs}  # before anything else reads them
     manifests = {d: manifest.read(d) for d in dirs}
+    if dirs != [path]:  # read through a db_prefix: each must be that run's
+        for found in manifests.values():
+            run_identity.check(found, path)
     state = {k: v for m in manifests.values() for k, v in m.state.items()}
     patterns = list(leaves) if leaves is not None else (list(target) if target else None)
     chosen = keypaths.select(state, patterns, where=f" in the checkpoint at {str(path)!r}")

@@ -9,7 +9,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import files, keypaths, manifest, storage, verify
+from jaxjob._src.checkpoint import files, keypaths, manifest, run_identity, storage, verify
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace
@@ -63,6 +63,8 @@ class NodeReader:
 
         Raises:
             FileNotFoundError: If it is not committed (lists the committed epochs).
+            CorruptCheckpointError: If its manifest is damaged or malformed, or
+                another run saved it (a directory copied in).
         """
         epoch = check_epoch(epoch)
         path = db_name(epoch, self.node_name, self.db_prefix, path_prefix)
@@ -73,7 +75,9 @@ class NodeReader:
                     f"({path!r}); committed epochs: {self._committed()}"
                 )
             self._damaged[path] = files.check(path, epoch)
-            self._manifests[path] = manifest.read(path)
+            found = manifest.read(path)
+            run_identity.check(found, path.rpartition("/")[0])  # the db_prefix holding it
+            self._manifests[path] = found
         return path, self._manifests[path]
 
     def orbax(self) -> ocp.Checkpointer:
@@ -126,9 +130,9 @@ class NodeReader:
         """
         try:
             path, found = self.checkpoint(epoch, path_prefix)
-        except ValueError:  # an unreadable manifest: verify_checkpoint says so, in its words
+        except ValueError as err:  # an unreadable manifest: verify_checkpoint says so, in its words
             path = db_name(check_epoch(epoch), self.node_name, self.db_prefix, path_prefix)
-            return verify.verify_checkpoint(path, data=data)
+            return verify.verify_checkpoint(path, data=data) or [str(err)]  # another run's
         return verify.verify_checkpoint(path, reader=self.orbax(), found=found, data=data)
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ import orbax.checkpoint as ocp
 from jaxjob._src.base import fs, memory, preemption
 from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import manifest, storage
+from jaxjob._src.checkpoint import manifest, run_identity, storage
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace
 from jaxjob._src.internals import orbax_private
@@ -89,6 +89,7 @@ class NodeWriter:
         self._saver: ocp.Checkpointer | None = None
         self._pending: Pending | None = None
         self._lock: lock.Handle | None = None
+        self._run: str | None = None  # the db_prefix's run id, read (or created) by the first save
 
     @property
     def deletes(self) -> bool:
@@ -200,12 +201,14 @@ class NodeWriter:
 
     def _encode(self, plan: SavePlan, workspace: Mapping[str, Any], outputs: Mapping) -> None:
         """Builds the manifest and the leaves as stored, then moves the path aside."""
+        self._run = self._run or run_identity.ensure(self.db_prefix)
         found, flat = manifest.build(
             plan.epoch,
             self.node_name,
             Workspace(workspace),
             Workspace(outputs),
             self.owner_process,
+            run=self._run,
         )
         metrics = retention.metrics_of(self.required_outputs, outputs, workspace)
         plan.found = dataclasses.replace(found, metrics=metrics)
