@@ -66,11 +66,11 @@ def test_each_process_checksums_its_shards_and_all_fall_back_to_the_same_epoch(t
         with open(os.path.join(path, "jaxjob", f"checksums.{process}.json")) as f:
             doc = json.load(f)
         assert doc["process"] == process
-        x_shards = [index for index, _ in doc["leaves"][stored["['x']"]]]  # 2 of 4 shards
+        x_shards = [index for index, *_ in doc["leaves"][stored["['x']"]]]  # 2 of 4 shards
         assert x_shards == [
             [[2048 * process + 1024 * i, 2048 * process + 1024 * (i + 1)]] for i in (0, 1)
         ]
-        (row,) = [index for index, _ in doc["leaves"][stored["['cursor']"]]]  # its row
+        (row,) = [index for index, *_ in doc["leaves"][stored["['cursor']"]]]  # its row
         assert row[0] == [process, process + 1]
     assert verify.verify_checkpoint(path) == []
     data = os.path.join(path, "state", "ocdbt.process_1", "d")

@@ -266,3 +266,34 @@ def test_saving_over_an_epoch_linked_outside_deletes_nothing_outside(saved, tmp_
     assert sorted(os.listdir(outside / "local.1")) != []
     assert not os.path.islink(os.path.join(saved, "local.1"))
     assert jaxjob.restore(saved, epoch=1)["w"].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_bytes_read_as_another_dtype_of_the_same_size_are_refused(tmp_path):
+    """A re-signed, re-sealed manifest declaring uint8[4] as float32[1]: the records say uint8."""
+    prefix = str(tmp_path / "ckpt")
+    ckpt = jaxjob.CheckpointManager(prefix)
+    ckpt.save(0, {"b": np.arange(4, dtype=np.uint8)})
+    ckpt.close()
+    path = os.path.join(prefix, "local.0")
+    _edit_manifest(path, lambda doc: doc["leaves"][0].update(dtype="float32", shape=[1]))
+    declared = r"does not declare its leaves as they were saved \(l0: saved as \['uint8', \[4\]\]"
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=declared):
+        jaxjob.restore(path)
+    (line,) = verify.verify_checkpoint(path)
+    assert re.search(declared, line)
+
+
+def test_bytes_read_as_another_shape_of_the_same_size_are_refused(tmp_path):
+    """A re-signed, re-sealed manifest declaring a float32[6] as float32[2, 3] is refused."""
+    prefix = str(tmp_path / "ckpt")
+    ckpt = jaxjob.CheckpointManager(prefix)
+    ckpt.save(0, {"a": np.arange(6, dtype=np.float32), "j": jnp.arange(6.0)})
+    ckpt.close()
+    path = os.path.join(prefix, "local.0")
+    for leaf in (0, 1):
+        _edit_manifest(path, lambda doc, leaf=leaf: doc["leaves"][leaf].update(shape=[2, 3]))
+        refused = r"saved as \['float32', \[6\]\]|declares shapes that its stored arrays do not"
+        with pytest.raises(jaxjob.CorruptCheckpointError, match=refused):
+            jaxjob.restore(path)
+        assert verify.verify_checkpoint(path)
+        _edit_manifest(path, lambda doc, leaf=leaf: doc["leaves"][leaf].update(shape=[6]))

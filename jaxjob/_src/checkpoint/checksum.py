@@ -40,7 +40,7 @@ ALGORITHM = crc32c.NAME
 SELF_KEY = file_table.SELF_KEY
 FILE_NAME = re.compile(r"checksums\.[0-9]+\.json")
 Index = tuple[tuple[int, int], ...]
-Record = tuple[Index, int, int]  # (index ranges, crc, saving process)
+Record = tuple[Index, int, int, str]  # (index ranges, crc, saving process, dtype of the bytes)
 
 _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxjob-crc")
 
@@ -94,7 +94,7 @@ def host_shards(value: Any, *, every_replica: bool = False) -> list[tuple[Index,
 
 def _compute(shards: dict[str, list[tuple[Index, np.ndarray]]]) -> dict[str, list[Any]]:
     return {
-        name: [[[list(r) for r in index], digest(data)] for index, data in found]
+        name: [[[list(r) for r in index], digest(data), data.dtype.str] for index, data in found]
         for name, found in shards.items()
     }
 
@@ -103,15 +103,30 @@ def start(encoded: Mapping[str, Mapping[str, Any]]) -> concurrent.futures.Future
     """Takes the host copies of what this process writes and hashes them in the background.
 
     Returns:
-        A future of the JSON records, stored name -> ``[[index ranges], crc]`` list.
+        A future of the JSON records, stored name -> ``[[index ranges], crc, dtype]`` list
+        (the dtype of the bytes hashed, so that bytes read as another dtype of the same
+        size, as a re-signed manifest could declare, do not pass).
     """
     shards = {name: host_shards(v) for leaves in encoded.values() for name, v in leaves.items()}
     return _executor.submit(_compute, shards)
 
 
-def records_text(future: concurrent.futures.Future, epoch: int) -> str:
-    """The checksum file of this process, once its checksums are computed."""
+def _declared(leaves: Any) -> dict[str, list[Any]]:
+    """Stored name -> ``[dtype, shape]`` as a manifest's leaf entries declare them."""
+    return {e["name"]: [e["dtype"], list(e["shape"])] for e in leaves}
+
+
+def records_text(
+    future: concurrent.futures.Future, epoch: int, declared: Mapping[str, Any] | None = None
+) -> str:
+    """The checksum file of this process, once its checksums are computed.
+
+    ``declared`` (stored name -> ``[dtype, shape]``, the manifest's) is kept
+    beside the records: a manifest re-signed on its own to read the same
+    bytes as another dtype or shape no longer matches it.
+    """
     doc = {"algorithm": ALGORITHM, "epoch": epoch, "process": jax.process_index()}
+    doc["declared"] = dict(declared or {})
     doc["leaves"] = future.result()
     doc[SELF_KEY] = doc_checksum(doc)
     return json.dumps(doc)
@@ -127,7 +142,10 @@ class PendingManifest(dict):
 
     def checksum_file(self) -> tuple[str, str]:
         """This process's checksum file: its name and text (waits for the checksums)."""
-        return checksums_file(jax.process_index()), records_text(self.checksums, self.epoch)
+        declared = _declared(self["leaves"])
+        return checksums_file(jax.process_index()), records_text(
+            self.checksums, self.epoch, declared
+        )
 
 
 # ---- reading ------------------------------------------------------------------------------
@@ -161,7 +179,7 @@ def read_records(path: str, found: Any) -> dict[str, list[Record]]:
         raise corrupt(
             found.epoch,
             path,
-            "the manifest records no checksums (format 3 always does): it was edited or "
+            "the manifest records no checksums (format 4 always does): it was edited or "
             "written by another tool, so no leaf can be checked; save the epoch again",
         )
     records: dict[str, list[Record]] = {}
@@ -176,15 +194,33 @@ def read_records(path: str, found: Any) -> dict[str, list[Record]]:
                 path,
                 f"{file!r} uses checksum {doc.get('algorithm')!r}, not {ALGORITHM}",
             )
+        _check_declared(doc.get("declared"), found, file, path)
         try:
             for leaf, entries in doc["leaves"].items():
-                for index, crc in entries:
+                for index, crc, dtype in entries:
                     ranges = tuple((int(a), int(b)) for a, b in index)
-                    records.setdefault(leaf, []).append((ranges, int(crc), int(doc["process"])))
+                    record = (ranges, int(crc), int(doc["process"]), str(dtype))
+                    records.setdefault(leaf, []).append(record)
         except (KeyError, TypeError, ValueError) as err:
             what = f"the checksum file {file!r} is malformed: {err}"
             raise corrupt(found.epoch, path, what) from None
     return records
+
+
+def _check_declared(declared: Any, found: Any, file: str, path: str) -> None:
+    """Raises unless the manifest declares each leaf as the checksum file says it was saved."""
+    now = _declared(spec.to_json() for spec in found.leaves.values())
+    if declared == now:
+        return
+    if not isinstance(declared, dict):
+        raise corrupt(found.epoch, path, f"the checksum file {file!r} declares no leaves")
+    differ = sorted(n for n in set(now) | set(declared) if now.get(n) != declared.get(n))
+    what = ", ".join(
+        f"{n}: saved as {declared.get(n)}, the manifest says {now.get(n)}" for n in differ[:5]
+    )
+    raise corrupt(
+        found.epoch, path, f"the manifest does not declare its leaves as they were saved ({what})"
+    )
 
 
 def data_location(path: str, item: str, name: str, process: int | None) -> str:
@@ -244,9 +280,12 @@ def mismatches(value: Any, records: Iterable[Record]) -> tuple[list[Record], int
         The mismatching records and how many records were checked.
     """
     pieces = host_shards(value, every_replica=True)
+    records = list(records)
+    if pieces and any(r[3] != pieces[0][1].dtype.str for r in records):
+        return records, len(records)  # read as another dtype than was hashed: a crafted manifest
     bad, checked = [], 0
     for record in records:
-        ranges, crc, _ = record
+        ranges, crc, _, _ = record
         for index, data in pieces:
             if _contains(index, ranges):
                 local = tuple(
