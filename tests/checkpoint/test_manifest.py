@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxjob
-from jaxjob._src.checkpoint import checksum, manifest, schema
+from jaxjob._src.checkpoint import checksum, manifest, schema, verify
 
 
 def _workspace(scale):
@@ -394,6 +394,9 @@ def test_a_checkpoint_copied_from_another_run_is_refused_through_its_db_prefix(s
     ckpt = jaxjob.CheckpointManager(prefix)
     (line,) = ckpt.verify(1)
     assert "copied from another run" in line
+    (line,) = verify.verify(prefix)  # jaxjob verify DIR: each checkpoint against the run
+    assert "copied from another run" in line and "local.1" in line
+    assert verify.verify(os.path.join(prefix, "local.1")) == []  # alone: its own run's
     ckpt.set_params(nodes=["local"])
     assert ckpt.get_resume_from_epoch_id() == 0
     assert jaxjob.restore(prefix, epoch=0)["i"] == 70  # the run's own epoch is untouched

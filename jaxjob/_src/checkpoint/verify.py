@@ -7,7 +7,7 @@ from typing import Any
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
-from jaxjob._src.checkpoint import checksum, files, leaf_check, manifest, storage
+from jaxjob._src.checkpoint import checksum, files, leaf_check, manifest, run_identity, storage
 from jaxjob._src.checkpoint.layout import is_committed
 from jaxjob._src.checkpoint.listing import list_checkpoints
 from jaxjob._src.internals import orbax_private
@@ -61,11 +61,18 @@ def verify(path: str | os.PathLike) -> list[str]:
         >>> verify(prefix)  # jaxjob._src.checkpoint.verify.verify
         []
     """
-    return [line for d in checkpoints_under(path) for line in verify_checkpoint(d)]
+    dirs = checkpoints_under(path)
+    prefix = None if dirs == [fs.normalize(path, "path")] else fs.normalize(path, "path")
+    return [line for d in dirs for line in verify_checkpoint(d, db_prefix=prefix)]
 
 
 def verify_checkpoint(
-    path: str, *, reader: Any = None, found: manifest.Manifest | None = None, data: bool = True
+    path: str,
+    *,
+    reader: Any = None,
+    found: manifest.Manifest | None = None,
+    data: bool = True,
+    db_prefix: str | None = None,
 ) -> list[str]:
     """The problems of the checkpoint directory ``path``: one line each (see :func:`verify`).
 
@@ -82,6 +89,8 @@ def verify_checkpoint(
         data: Also check the CRC-32C of the stored bytes of the OCDBT data
             files (the leaf check reads their values either way: False
             spares the second read, as the resume decision does).
+        db_prefix: The db_prefix it was listed under: its manifest must
+            name that prefix's run (:mod:`jaxjob._src.checkpoint.run_identity`).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, jaxjob
@@ -96,6 +105,8 @@ def verify_checkpoint(
     try:
         data_files = files.check(path, data=data)
         found = found or manifest.read(path)
+        if db_prefix is not None:
+            run_identity.check(found, db_prefix)
         records = checksum.read_records(path, found)
     except CorruptCheckpointError as err:  # its message names the checkpoint and the files
         return [str(err)]
