@@ -87,3 +87,14 @@ def test_a_restore_checks_large_data_files_by_size_only(tmp_path):
     assert name in file_table.problems(path, TABLE)
     (tmp_path / name).write_bytes(b"w" * 10)
     assert name in file_table.problems(path, TABLE, data_up_to=65536)
+
+
+def test_a_large_data_file_gets_its_size_only(tmp_path):
+    """A data file over SIZE_ONLY_OVER is not hashed again at the commit: its values are."""
+    name = "d/" + "2" * 32
+    path = _sealed(tmp_path, {name: b"v" * (file_table.SIZE_ONLY_OVER + 1), "m": b"x"})
+    listed = json.loads((tmp_path / TABLE).read_text())["files"]
+    assert listed[name] == [file_table.SIZE_ONLY_OVER + 1, None, None]
+    assert listed["m"][1] is not None and listed["m"][2] is not None
+    (tmp_path / name).write_bytes(b"v" * 10)
+    assert "has 10 bytes" in file_table.problems(path, TABLE)[name]

@@ -18,7 +18,7 @@ from jaxjob._src.checkpoint import files, verify
 def _workspace(epoch):
     key = jax.random.key(epoch)
     return {
-        "w": jax.random.normal(key, (64, 1024)),  # 256 KiB: a data file checked by size on restore
+        "w": jax.random.normal(key, (512, 1024)),  # 2 MiB: a data file the table sizes, not hashes
         "b": jnp.arange(7.0) * epoch,
         "rng": jax.random.key(epoch + 10),
         "half": jnp.full((5,), epoch + 1, jnp.bfloat16),

@@ -17,14 +17,12 @@ pass a CRC-32C alone. Those records are small files; a large data file
 holds leaf values, which every read also checks against their per-shard
 CRC-32C (:mod:`jaxjob._src.checkpoint.checksum`).
 
-What is covered:
-
-* on local disk, every file: size, CRC-32C, and SHA-256 up to 64 KiB;
-* on object stores the same, except data files (OCDBT ``d/`` files) over
-  :data:`SIZE_ONLY_OVER` bytes, which get their size only: reading them back
-  would download the checkpoint a second time. Their bytes are the leaves'
-  values, checked per shard by every read, and OCDBT B-tree nodes, which
-  carry TensorStore's own CRC-32C.
+What is covered: every file, by size, CRC-32C, and SHA-256 up to 64 KiB;
+except data files (OCDBT ``d/`` files) over :data:`SIZE_ONLY_OVER` bytes,
+which get their size only: hashing them again at the commit would read the
+checkpoint a second time (on an object store, download it), and their bytes
+are the leaves' values, which every read and ``verify`` check per shard
+against the CRC-32C taken from the host copy while the write went on.
 
 :func:`problems` checks a directory against its table: every listed file
 must exist with its size and checksums (a restore skips the checksums of
@@ -56,7 +54,7 @@ __all__ = [
 
 CHECKPOINT_TABLE = "jaxjob/files.json"  # where a checkpoint directory keeps its table
 SELF_KEY = "self_checksum"
-SIZE_ONLY_OVER = 1 << 20  # bytes: a larger OCDBT data file on an object store gets its size only
+SIZE_ONLY_OVER = 1 << 20  # bytes: a larger OCDBT data file gets its size only
 _DATA_FILE = re.compile(r"(^|/)d/[0-9a-f]{32}$")
 SHA_UP_TO = 64 << 10  # bytes: smaller files also get a SHA-256 (see the module docstring)
 ALGORITHM = "crc32c+sha256"
@@ -94,11 +92,13 @@ def entry_of(data: bytes) -> Entry:
 
 
 def _local_entry(path: str, flush: bool) -> Entry:
-    size, crc = crc32c.of_file(path)
-    sha = None
-    if size <= SHA_UP_TO:
+    size = os.path.getsize(path)
+    if is_data_file(path) and size > SIZE_ONLY_OVER:
+        crc = sha = None
+    else:
         with open(path, "rb") as f:
-            sha = _sha(f.read(), size)
+            data = f.read()
+        crc, sha = crc32c.of_bytes(data), _sha(data, size)
     if flush:
         fd = os.open(path, os.O_RDONLY)
         try:
