@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import paths
 import pytest
+from lock_racer import Racer, namespaces_work
 
 import jaxjob
 import jaxjob._src.checkpoint.listing
@@ -183,6 +184,47 @@ def test_a_deleted_directory_loses_the_lock_once_and_stops_renewing(tmp_path):
     held._thread.join(2)
     assert not held._thread.is_alive()
     held.release()
+
+
+@pytest.mark.skipif(
+    not namespaces_work(),
+    reason="unshare --user --pid is not permitted here (test_lock_record.py's crafted records "
+    "of another namespace cover the rule)",
+)
+def test_a_holder_in_another_pid_namespace_keeps_the_lock_until_its_lease_lapses(tmp_path):
+    """Same host name, another PID namespace (a container): refused while its lease is renewed,
+    even though its pid is dead or another process here; taken once the lease lapsed."""
+    lease_s = 1.0
+    holder = Racer(namespace=True)
+    try:
+        assert holder.pidns != os.readlink("/proc/self/ns/pid")
+        assert holder.ask(f"take {tmp_path} 0 {lease_s}").startswith("won ")
+        record = _record(_lock_file(tmp_path))
+        assert (record["host"], record["pidns"]) == (socket.gethostname(), holder.pidns)
+        assert lock.pid_start(record["pid"]) != record["pid_start"]  # its pid, read here
+        refused = 0
+        deadline = time.monotonic() + 2 * lease_s  # the holder renews every lease_s / 4
+        while time.monotonic() < deadline:
+            with pytest.raises(jaxjob.CheckpointInUseError, match="in another PID namespace"):
+                lock.WriterLock(str(tmp_path), "local", lease_s=lease_s).take()
+            refused += 1
+            time.sleep(0.1)
+        holder.send("die")  # a crash: the lock neither released nor renewed any more
+        holder.proc.wait(timeout=30)
+        last_renewed = _record(_lock_file(tmp_path))["renewed"]
+        taker = lock.WriterLock(str(tmp_path), "local", lease_s=lease_s)
+        while True:
+            try:
+                taker.take()
+                break
+            except jaxjob.CheckpointInUseError:
+                assert time.time() < last_renewed + 10 * lease_s
+                time.sleep(0.05)
+        assert time.time() - last_renewed >= lease_s and refused >= 3
+        assert _record(_lock_file(tmp_path))["pid"] == os.getpid()
+        taker.release()
+    finally:
+        holder.close()
 
 
 def _child(ckpt, *extra, env=None):

@@ -2,25 +2,30 @@
 
 The lock of node ``n`` under ``db_prefix`` is the file
 ``<db_prefix>/.jaxjob/n.lock`` (:func:`lock_path`), a small JSON record
-naming its holder (host, pid, start time) and when the holder last renewed
-it. It lies in the folder :data:`LOCK_DIR` so that nothing of jaxjob's own
-sits beside the checkpoint directories ``<node>.<epoch>``: a
-``glob("n.*")`` finds only those. The folder is removed with the last lock
-in it. A manager takes it before its first write (``init`` or the first
-``save``), keeps it while it lives and releases it on ``close()`` or when
-the process exits. Reading (``load``, ``restore``, the
+naming its holder (host, boot id, PID namespace, pid, start time) and when
+the holder last renewed it. It lies in the folder :data:`LOCK_DIR` so that
+nothing of jaxjob's own sits beside the checkpoint directories
+``<node>.<epoch>``: a ``glob("n.*")`` finds only those. The folder is
+removed with the last lock in it. A manager takes it before its first write
+(``init`` or the first ``save``), keeps it while it lives and releases it on
+``close()`` or when the process exits. Reading (``load``, ``restore``, the
 CLI) never takes it.
 
 * **Another live writer**: taking the lock fails with
   :class:`~jaxjob.CheckpointInUseError` naming the holder, before anything
   is written.
-* **A dead holder** is taken over: on the same host at once when its pid is
-  gone, belongs to another process since, or is a zombie (killed but not
-  yet reaped by its parent or by init, which may take seconds, or never
-  happen in a container without a reaping init); on another host when it
-  has not renewed the lock for :data:`LEASE_S` seconds. A background thread renews
-  it every :data:`LEASE_S` / 4 seconds. Hosts' clocks must agree to well
-  within :data:`LEASE_S`.
+* **A dead holder** is taken over. Its pid decides only when the holder ran
+  on this host, in this boot of its kernel and in this PID namespace (the
+  record's ``boot_id`` and ``pidns`` are ours, and the ``/proc`` here is
+  this namespace's): then at once when that pid is gone, belongs to another
+  process since, or is a zombie (killed but not yet reaped by its parent or
+  by init, which may take seconds, or never happen in a container without a
+  reaping init). Otherwise — another host, another container or pod on this
+  host (its pids mean nothing here, even with the same host name), a record
+  of an older jaxjob without those fields — only its lease decides: it is
+  taken over once not renewed for :data:`LEASE_S` seconds, never while the
+  lease is fresh. A background thread renews it every :data:`LEASE_S` / 4
+  seconds. Hosts' clocks must agree to well within :data:`LEASE_S`.
 * **One job, one lock**: in a ``jax.distributed`` job process 0 takes it for
   every process (a node private to one process: that process) and the
   others learn the outcome.
@@ -117,8 +122,8 @@ class WriterLock:
                     f"{self.path} is held by another writer ({current.describe()}); "
                     "another job or a second launch writes this node under this db_prefix. "
                     "Stop it, or write to another db_prefix; a dead holder's lock is taken "
-                    "over (same host: once its pid is gone or a zombie; another host: after "
-                    f"{self.lease_s:g} s)"
+                    "over (same host, boot and PID namespace: once its pid is gone or a "
+                    f"zombie; otherwise: once its lease is {self.lease_s:g} s old)"
                 )
             if current is not None:
                 logger.info(
