@@ -36,7 +36,10 @@ CLI) never takes it.
 Every read-modify-write of the record happens under an exclusive
 ``flock`` of the lock file, which the kernel releases if its holder dies
 (on network file systems this needs working ``flock``, as NFSv4 has). On
-``gs://`` and ``s3://`` the lock is an object created only if absent.
+``gs://`` and ``s3://`` every change is conditional on the version read
+(:mod:`jaxjob._src.manager.lock_object`): created only if absent, replaced
+(taken over, renewed) or deleted only if no one changed it since; of two
+processes taking over one dead lock, one wins.
 """
 
 from __future__ import annotations
@@ -52,12 +55,12 @@ import jax
 from jaxjob._src.base import faults, fs
 from jaxjob._src.base.errors import CheckpointInUseError
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.manager.lock_object import RemoteRecord
 from jaxjob._src.manager.lock_record import (
     EXITED_STATES,
     Holder,
     LocalRecord,
     Lost,
-    RemoteRecord,
     pid_start,
     stat_fields,
 )
@@ -153,6 +156,10 @@ class WriterLock:
                 return
             except OSError as err:  # retried at the next renewal, within the lease
                 logger.error("Could not renew the lock %s: %s", self.path, err)
+            except Lost:
+                self.lost = f"{self.path} was changed by another writer since it was read"
+                logger.error("Lost the lock %s: %s", self.path, self.lost)
+                return
             except CheckpointInUseError as err:
                 self.lost = str(err)
                 logger.error("Lost the lock %s: %s", self.path, err)
@@ -177,7 +184,7 @@ class WriterLock:
             self._record.change(
                 lambda current: None if current and current.token == holder.token else current
             )
-        except OSError as err:
+        except (OSError, Lost) as err:
             logger.warning("Could not release the lock %s: %s", self.path, err)
 
 

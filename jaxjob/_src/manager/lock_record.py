@@ -1,12 +1,12 @@
-"""The record of a node's lock: who holds it, whether it lives, and where it is kept.
+"""The record of a node's lock: who holds it, whether it lives, and the file keeping it.
 
 :class:`Holder` names the holder (host, boot, PID namespace, pid, start
 time, last renewal) and says whether it still lives: by its pid only when it
 runs on this host, in this boot of its kernel and in this PID namespace
 (:meth:`Holder.pid_comparable`), otherwise by its lease. :class:`LocalRecord`
-keeps the record in a file changed under an exclusive ``flock``,
-:class:`RemoteRecord` in an object created only if absent (``gs://``,
-``s3://``). The lock itself is :mod:`jaxjob._src.manager.lock`.
+keeps the record in a file changed under an exclusive ``flock``; the
+object-store record is :mod:`jaxjob._src.manager.lock_object`, the lock
+itself :mod:`jaxjob._src.manager.lock`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,12 @@ from collections.abc import Callable
 
 import jax
 
-from jaxjob._src.base import fs
-
 __all__ = [
     "EXITED_STATES",
     "Holder",
     "LocalRecord",
     "Lost",
-    "RemoteRecord",
+    "encode",
     "parse",
     "pid_space",
     "pid_start",
@@ -189,6 +187,18 @@ class LocalRecord:
     def __init__(self, path: str) -> None:
         self.path = path
 
+    def read(self) -> Holder | None:
+        """The record as it stands (under a shared ``flock``); None if the file is gone."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return parse(os.pread(fd, 1 << 16, 0).decode(errors="replace"))
+        finally:
+            os.close(fd)
+
     def change(
         self, fn: Callable[[Holder | None], Holder | None], *, create: bool = False
     ) -> Holder | None:
@@ -232,9 +242,8 @@ class LocalRecord:
                 if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
                     raise
             return None
-        data = json.dumps(dataclasses.asdict(new)).encode()
         os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        os.pwrite(fd, encode(new), 0)
         os.fsync(fd)
         return new
 
@@ -246,51 +255,13 @@ def _same_file(fd: int, path: str) -> bool:
         return False
 
 
-class RemoteRecord:
-    """The lock object on an object store: created only if absent, deleted to release."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def change(
-        self, fn: Callable[[Holder | None], Holder | None], *, create: bool = False
-    ) -> Holder | None:
-        """Replaces the record by ``fn(record)`` (None deletes it); returns it.
-
-        ``create`` is for the local record's signature: an object store has no folders.
-        """
-        current = parse(fs.read_text(self.path)) if fs.exists(self.path) else None
-        new = fn(current)
-        if new is None:
-            fs.remove(self.path)
-        elif current is not None and new.token == current.token:
-            fs.write_text(self.path, json.dumps(dataclasses.asdict(new)))
-        else:
-            if current is not None:
-                fs.remove(self.path)
-            if not _create_only(self.path, json.dumps(dataclasses.asdict(new))):
-                raise Lost(self.path)
-        return new
-
-
 class Lost(Exception):
-    """Another writer created the lock object between our read and our write."""
+    """Another writer changed the lock record between this process's read and its write."""
 
 
-def _create_only(path: str, text: str) -> bool:
-    """Writes the object ``path`` only if it does not exist; False if it did."""
-    import fsspec
-
-    filesystem, _, (key,) = fsspec.get_fs_token_paths(path)
-    try:
-        if path.startswith("gs://"):
-            filesystem.pipe_file(key, text.encode(), mode="create")
-        else:
-            with filesystem.open(key, "xb") as f:
-                f.write(text.encode())
-    except FileExistsError:
-        return False
-    return True
+def encode(holder: Holder) -> bytes:
+    """The record's bytes (JSON)."""
+    return json.dumps(dataclasses.asdict(holder)).encode()
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Holder))
