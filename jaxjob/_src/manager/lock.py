@@ -26,6 +26,12 @@ CLI) never takes it.
   taken over once not renewed for :data:`LEASE_S` seconds, never while the
   lease is fresh. A background thread renews it every :data:`LEASE_S` / 4
   seconds. Hosts' clocks must agree to well within :data:`LEASE_S`.
+* **A lost lock** stops the writer: at the start of every save the holder
+  reads the record again (a ``flock``-ed read locally, one GET on an object
+  store); if it is gone (the record, ``.jaxjob/`` or the whole ``db_prefix``
+  deleted) or names another holder, the save fails with
+  :class:`~jaxjob.CheckpointInUseError` before anything is written or
+  re-created. The renewal finds the same between saves and stops renewing.
 * **One job, one lock**: in a ``jax.distributed`` job process 0 takes it for
   every process (a node private to one process: that process) and the
   others learn the outcome.
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import threading
 import time
 from typing import Any
@@ -146,30 +153,45 @@ class WriterLock:
         )
         self._thread.start()
 
+    def check(self) -> None:
+        """Reads the record again: if it is gone or names another holder, the lock is lost.
+
+        Raises:
+            OSError: If the record could not be read (an object store that failed or did
+                not answer in time); the lock may still be held.
+        """
+        holder = self._holder
+        if holder is None or self.lost is not None:
+            return
+        current = self._record.read()
+        if current is None:
+            self._lose(f"{self.path} vanished; was the directory deleted?")
+        elif current.token != holder.token:
+            self._lose(f"{self.path} was taken over by {current.describe()}")
+
+    def _lose(self, why: str) -> None:
+        if self.lost is None:
+            self.lost = why
+            logger.error("Lost the lock %s: %s", self.path, why)
+
     def _renew(self) -> None:
-        while not self._stop.wait(self.lease_s / 4):
+        while not self._stop.wait(self.lease_s / 4) and self.lost is None:
             try:
                 self._record.change(self._renewed)
-            except FileNotFoundError as err:  # the lock, or its directory, was deleted
-                self.lost = f"{self.path} vanished ({err}); was the directory deleted?"
-                logger.error("Lost the lock %s: %s", self.path, self.lost)
-                return
+            except FileNotFoundError:  # the lock, or its directory, was deleted
+                self._lose(f"{self.path} vanished; was the directory deleted?")
+            except Lost:
+                self._lose(f"{self.path} was changed by another writer since it was read")
+            except CheckpointInUseError as err:
+                self._lose(str(err))
             except OSError as err:  # retried at the next renewal, within the lease
                 logger.error("Could not renew the lock %s: %s", self.path, err)
-            except Lost:
-                self.lost = f"{self.path} was changed by another writer since it was read"
-                logger.error("Lost the lock %s: %s", self.path, self.lost)
-                return
-            except CheckpointInUseError as err:
-                self.lost = str(err)
-                logger.error("Lost the lock %s: %s", self.path, err)
-                return
 
-    def _renewed(self, current: Holder | None) -> Holder | None:
-        if current is None or self._holder is None or current.token != self._holder.token:
-            raise CheckpointInUseError(
-                f"{self.path} was taken over by {current and current.describe()}"
-            )
+    def _renewed(self, current: Holder | None) -> Holder:
+        if current is None:  # the object is gone (a file that is gone does not open)
+            raise FileNotFoundError(errno.ENOENT, "no lock record", self.path)
+        if self._holder is None or current.token != self._holder.token:
+            raise CheckpointInUseError(f"{self.path} was taken over by {current.describe()}")
         return dataclasses.replace(current, renewed=time.time())
 
     def release(self) -> None:
@@ -178,7 +200,7 @@ class WriterLock:
         if self._thread is not None:
             self._thread.join()
         holder, self._holder = self._holder, None
-        if holder is None:
+        if holder is None or self.lost is not None:  # a lost lock's record is not ours
             return
         try:
             self._record.change(
@@ -194,15 +216,33 @@ class Handle:
     def __init__(self, path: str | None) -> None:
         self._path = path
 
-    def lost(self) -> CheckpointInUseError | None:
-        """The error to raise if another writer took the lock over (this process's part)."""
+    def holds(self) -> bool:
+        """Whether this process holds the lock (process 0 of a job, or a private node's owner)."""
+        return self._path is not None
+
+    def lost(self) -> Exception | None:
+        """Why this process may not save now, having held the lock; reads the record again.
+
+        Call it before each save: the record is read (:meth:`WriterLock.check`),
+        so a lock lost since the last renewal is found before anything is written.
+
+        Returns:
+            A :class:`~jaxjob.CheckpointInUseError` if the record is gone or
+            names another holder, the ``OSError`` if it could not be read, or None.
+        """
         with _registry_lock:
             entry = _registry.get(self._path) if self._path else None
-        if entry is None or entry[0].lost is None:
+        if entry is None:
+            return None
+        try:
+            entry[0].check()
+        except OSError as err:
+            return err
+        if entry[0].lost is None:
             return None
         return CheckpointInUseError(
-            f"{self._path}: this process's lease lapsed and another writer took the lock "
-            f"over ({entry[0].lost}); stop this run"
+            f"{self._path}: this process no longer holds the lock of this node "
+            f"({entry[0].lost}); nothing was written. Stop this run"
         )
 
     def release(self) -> None:

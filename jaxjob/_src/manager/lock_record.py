@@ -181,7 +181,9 @@ class LocalRecord:
 
     A released lock's file is deleted, and its folder with the last lock in
     it. A process that waited for the ``flock`` of a file deleted meanwhile
-    sees another inode at the path and starts over.
+    sees another inode at the path and starts over. Only taking the lock
+    creates the file (and its folder): a renewal or a release of a file that
+    is gone raises ``FileNotFoundError``.
     """
 
     def __init__(self, path: str) -> None:
@@ -206,8 +208,8 @@ class LocalRecord:
 
         Args:
             fn: The change.
-            create: Whether to create the lock folder (taking the lock);
-                otherwise a missing folder raises ``FileNotFoundError``.
+            create: Whether to create the lock file and its folder (taking the
+                lock); otherwise a missing one raises ``FileNotFoundError``.
         """
         while True:
             fd = self._open(create)
@@ -219,17 +221,16 @@ class LocalRecord:
                 os.close(fd)  # releases the flock
 
     def _open(self, create: bool) -> int:
-        """Opens (creating) the lock file; ``create``: and its folder in the existing db_prefix."""
+        """Opens the lock file; ``create``: creating it and its folder in the existing db_prefix."""
+        if not create:
+            return os.open(self.path, os.O_RDWR)
         for _ in range(100):
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(os.path.dirname(self.path))
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(os.path.dirname(self.path))
             try:
                 return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except FileNotFoundError:
-                if not create:
-                    raise
-                # another node's release removed the folder between our mkdir and open
+                pass  # another node's release removed the folder between our mkdir and open
         raise OSError(f"could not create the lock file {self.path}: its folder keeps vanishing")
 
     def _change(self, fd: int, fn: Callable[[Holder | None], Holder | None]) -> Holder | None:

@@ -211,7 +211,8 @@ class NodeWriter:
         plan.found = dataclasses.replace(found, metrics=metrics)
         plan.encoded, plan.digests = storage.encode(plan.found, flat, self.private)
         plan.bytes = storage.nbytes(plan.encoded)
-        prepare_prefix(self.db_prefix)
+        if not (self._lock and self._lock.holds()):  # a holder's prefix: checked with its lock
+            prepare_prefix(self.db_prefix)
         self.reader.forget(plan.path)
         if self.deletes:
             plan.pending.superseded = move_aside(plan.path)
