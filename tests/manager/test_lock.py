@@ -4,6 +4,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import paths
 import pytest
+from lock_racer import Racer, namespaces_work
 
 import jaxjob
 import jaxjob._src.checkpoint.listing
@@ -184,6 +186,126 @@ def test_a_deleted_directory_loses_the_lock_once_and_stops_renewing(tmp_path):
     held._thread.join(2)
     assert not held._thread.is_alive()
     held.release()
+
+
+def _wait(condition, timeout_s=10):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(
+    not namespaces_work(),
+    reason="unshare --user --pid is not permitted here (test_lock_record.py's crafted records "
+    "of another namespace cover the rule)",
+)
+def test_a_holder_in_another_pid_namespace_keeps_the_lock_until_its_lease_lapses(tmp_path):
+    """Same host name, another PID namespace (a container): refused while its lease is renewed,
+    even though its pid is dead or another process here; taken once the lease lapsed."""
+    lease_s = 1.0
+    holder = Racer(namespace=True)
+    try:
+        assert holder.pidns != os.readlink("/proc/self/ns/pid")
+        assert holder.ask(f"take {tmp_path} 0 {lease_s}").startswith("won ")
+        record = _record(_lock_file(tmp_path))
+        assert (record["host"], record["pidns"]) == (socket.gethostname(), holder.pidns)
+        assert lock.pid_start(record["pid"]) != record["pid_start"]  # its pid, read here
+        refused = 0
+        deadline = time.monotonic() + 2 * lease_s  # the holder renews every lease_s / 4
+        while time.monotonic() < deadline:
+            with pytest.raises(jaxjob.CheckpointInUseError, match="in another PID namespace"):
+                lock.WriterLock(str(tmp_path), "local", lease_s=lease_s).take()
+            refused += 1
+            time.sleep(0.1)
+        holder.send("die")  # a crash: the lock neither released nor renewed any more
+        holder.proc.wait(timeout=30)
+        last_renewed = _record(_lock_file(tmp_path))["renewed"]
+        taker = lock.WriterLock(str(tmp_path), "local", lease_s=lease_s)
+        while True:
+            try:
+                taker.take()
+                break
+            except jaxjob.CheckpointInUseError:
+                assert time.time() < last_renewed + 10 * lease_s
+                time.sleep(0.05)
+        assert time.time() - last_renewed >= lease_s and refused >= 3
+        assert _record(_lock_file(tmp_path))["pid"] == os.getpid()
+        taker.release()
+    finally:
+        holder.close()
+
+
+@pytest.mark.parametrize(
+    ("store", "deleted", "async_save"),
+    [
+        ("local", "db_prefix", True),
+        ("local", "db_prefix", False),
+        ("local", ".jaxjob", False),
+        ("s3", "db_prefix", False),
+        ("gcs", "db_prefix", False),
+    ],
+)
+def test_a_deleted_db_prefix_fails_the_next_save_naming_the_lock(
+    tmp_path, store, deleted, async_save, request
+):
+    """rm -rf of the db_prefix (or its .jaxjob/) between two saves: the next save raises
+    CheckpointInUseError naming the lock at once, and re-creates nothing under the prefix."""
+    prefix = (
+        str(tmp_path / "run") if store == "local" else request.getfixturevalue(f"{store}_prefix")
+    )
+    ckpt = jaxjob.CheckpointManager(prefix, async_save=async_save)
+    ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(2)}))
+    ckpt.wait_until_finished()
+    fs.rmtree(prefix if deleted == "db_prefix" else fs.join(prefix, ".jaxjob"))
+    started = time.monotonic()
+    with pytest.raises(
+        jaxjob.CheckpointInUseError,
+        match=re.escape(lock.lock_path(prefix, "local"))
+        + ": this process no longer holds .*vanished",
+    ):
+        ckpt.save(1, jaxjob.Workspace({"w": jnp.zeros(2)}))
+    assert time.monotonic() - started < 5  # the save's own check, not the renewal (15 s)
+    ckpt.close()
+    left = fs.listdir(prefix)
+    assert left == ([] if deleted == "db_prefix" else ["local.0"]), left
+    if store == "local" and deleted == "db_prefix":
+        assert not os.path.exists(prefix)  # not even the directory was made again
+    assert not fs.exists(fs.join(prefix, "local.1"))
+
+
+def test_a_lock_taken_over_meanwhile_fails_the_next_save_naming_the_new_holder(tmp_path):
+    """A record replaced by another writer (after this one's lease lapsed): the next save fails
+    naming it, writes nothing, and the other writer's record stays."""
+    prefix = str(tmp_path)
+    ckpt = jaxjob.CheckpointManager(prefix, async_save=False)
+    ckpt.save(0, jaxjob.Workspace({"w": jnp.ones(2)}))
+    other = _write_record(_lock_file(tmp_path), host="node-7", pid=4242)
+    path = lock.lock_path(prefix, "local")
+    with pytest.raises(jaxjob.CheckpointInUseError, match=r"taken over by host 'node-7', pid 4242"):
+        ckpt.save(1, jaxjob.Workspace({"w": jnp.zeros(2)}))
+    ckpt.close()
+    assert json.loads(fs.read_text(path))["token"] == other.token  # not released: not ours
+    assert not fs.exists(fs.join(prefix, "local.1"))
+
+
+@pytest.mark.parametrize("store", ["local", "s3", "gcs"])
+def test_a_holder_finds_out_at_renewal_that_its_lock_was_taken_and_stops(tmp_path, store, request):
+    """A renewal meeting another writer's record marks the lock lost and overwrites nothing."""
+    prefix = str(tmp_path) if store == "local" else request.getfixturevalue(f"{store}_prefix")
+    held = lock.WriterLock(prefix, "local", lease_s=0.4)
+    held.take()
+    other = dataclasses.replace(lock.Holder.me(), host="node-7", pid=4242)
+    if store == "local":
+        _write_record(_lock_file(tmp_path), **dataclasses.asdict(other))
+    else:
+        fs.write_text(held.path, json.dumps(dataclasses.asdict(other)))
+    _wait(lambda: held.lost is not None)
+    assert "node-7" in held.lost or "changed by another writer" in held.lost
+    held._thread.join(2)
+    assert not held._thread.is_alive()
+    held.release()
+    assert json.loads(fs.read_text(held.path))["token"] == other.token
 
 
 def _child(ckpt, *extra, env=None):

@@ -2,25 +2,36 @@
 
 The lock of node ``n`` under ``db_prefix`` is the file
 ``<db_prefix>/.jaxjob/n.lock`` (:func:`lock_path`), a small JSON record
-naming its holder (host, pid, start time) and when the holder last renewed
-it. It lies in the folder :data:`LOCK_DIR` so that nothing of jaxjob's own
-sits beside the checkpoint directories ``<node>.<epoch>``: a
-``glob("n.*")`` finds only those. The folder is removed with the last lock
-in it. A manager takes it before its first write (``init`` or the first
-``save``), keeps it while it lives and releases it on ``close()`` or when
-the process exits. Reading (``load``, ``restore``, the
+naming its holder (host, boot id, PID namespace, pid, start time) and when
+the holder last renewed it. It lies in the folder :data:`LOCK_DIR` so that
+nothing of jaxjob's own sits beside the checkpoint directories
+``<node>.<epoch>``: a ``glob("n.*")`` finds only those. The folder is
+removed with the last lock in it. A manager takes it before its first write
+(``init`` or the first ``save``), keeps it while it lives and releases it on
+``close()`` or when the process exits. Reading (``load``, ``restore``, the
 CLI) never takes it.
 
 * **Another live writer**: taking the lock fails with
   :class:`~jaxjob.CheckpointInUseError` naming the holder, before anything
   is written.
-* **A dead holder** is taken over: on the same host at once when its pid is
-  gone, belongs to another process since, or is a zombie (killed but not
-  yet reaped by its parent or by init, which may take seconds, or never
-  happen in a container without a reaping init); on another host when it
-  has not renewed the lock for :data:`LEASE_S` seconds. A background thread renews
-  it every :data:`LEASE_S` / 4 seconds. Hosts' clocks must agree to well
-  within :data:`LEASE_S`.
+* **A dead holder** is taken over. Its pid decides only when the holder ran
+  on this host, in this boot of its kernel and in this PID namespace (the
+  record's ``boot_id`` and ``pidns`` are ours, and the ``/proc`` here is
+  this namespace's): then at once when that pid is gone, belongs to another
+  process since, or is a zombie (killed but not yet reaped by its parent or
+  by init, which may take seconds, or never happen in a container without a
+  reaping init). Otherwise — another host, another container or pod on this
+  host (its pids mean nothing here, even with the same host name), a record
+  of an older jaxjob without those fields — only its lease decides: it is
+  taken over once not renewed for :data:`LEASE_S` seconds, never while the
+  lease is fresh. A background thread renews it every :data:`LEASE_S` / 4
+  seconds. Hosts' clocks must agree to well within :data:`LEASE_S`.
+* **A lost lock** stops the writer: at the start of every save the holder
+  reads the record again (a ``flock``-ed read locally, one GET on an object
+  store); if it is gone (the record, ``.jaxjob/`` or the whole ``db_prefix``
+  deleted) or names another holder, the save fails with
+  :class:`~jaxjob.CheckpointInUseError` before anything is written or
+  re-created. The renewal finds the same between saves and stops renewing.
 * **One job, one lock**: in a ``jax.distributed`` job process 0 takes it for
   every process (a node private to one process: that process) and the
   others learn the outcome.
@@ -31,13 +42,17 @@ CLI) never takes it.
 Every read-modify-write of the record happens under an exclusive
 ``flock`` of the lock file, which the kernel releases if its holder dies
 (on network file systems this needs working ``flock``, as NFSv4 has). On
-``gs://`` and ``s3://`` the lock is an object created only if absent.
+``gs://`` and ``s3://`` every change is conditional on the version read
+(:mod:`jaxjob._src.manager.lock_object`): created only if absent, replaced
+(taken over, renewed) or deleted only if no one changed it since; of two
+processes taking over one dead lock, one wins.
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import threading
 import time
 from typing import Any
@@ -47,12 +62,12 @@ import jax
 from jaxjob._src.base import faults, fs
 from jaxjob._src.base.errors import CheckpointInUseError
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.manager.lock_object import RemoteRecord
 from jaxjob._src.manager.lock_record import (
     EXITED_STATES,
     Holder,
     LocalRecord,
     Lost,
-    RemoteRecord,
     pid_start,
     stat_fields,
 )
@@ -117,8 +132,8 @@ class WriterLock:
                     f"{self.path} is held by another writer ({current.describe()}); "
                     "another job or a second launch writes this node under this db_prefix. "
                     "Stop it, or write to another db_prefix; a dead holder's lock is taken "
-                    "over (same host: once its pid is gone or a zombie; another host: after "
-                    f"{self.lease_s:g} s)"
+                    "over (same host, boot and PID namespace: once its pid is gone or a "
+                    f"zombie; otherwise: once its lease is {self.lease_s:g} s old)"
                 )
             if current is not None:
                 logger.info(
@@ -138,26 +153,45 @@ class WriterLock:
         )
         self._thread.start()
 
+    def check(self) -> None:
+        """Reads the record again: if it is gone or names another holder, the lock is lost.
+
+        Raises:
+            OSError: If the record could not be read (an object store that failed or did
+                not answer in time); the lock may still be held.
+        """
+        holder = self._holder
+        if holder is None or self.lost is not None:
+            return
+        current = self._record.read()
+        if current is None:
+            self._lose(f"{self.path} vanished; was the directory deleted?")
+        elif current.token != holder.token:
+            self._lose(f"{self.path} was taken over by {current.describe()}")
+
+    def _lose(self, why: str) -> None:
+        if self.lost is None:
+            self.lost = why
+            logger.error("Lost the lock %s: %s", self.path, why)
+
     def _renew(self) -> None:
-        while not self._stop.wait(self.lease_s / 4):
+        while not self._stop.wait(self.lease_s / 4) and self.lost is None:
             try:
                 self._record.change(self._renewed)
-            except FileNotFoundError as err:  # the lock, or its directory, was deleted
-                self.lost = f"{self.path} vanished ({err}); was the directory deleted?"
-                logger.error("Lost the lock %s: %s", self.path, self.lost)
-                return
+            except FileNotFoundError:  # the lock, or its directory, was deleted
+                self._lose(f"{self.path} vanished; was the directory deleted?")
+            except Lost:
+                self._lose(f"{self.path} was changed by another writer since it was read")
+            except CheckpointInUseError as err:
+                self._lose(str(err))
             except OSError as err:  # retried at the next renewal, within the lease
                 logger.error("Could not renew the lock %s: %s", self.path, err)
-            except CheckpointInUseError as err:
-                self.lost = str(err)
-                logger.error("Lost the lock %s: %s", self.path, err)
-                return
 
-    def _renewed(self, current: Holder | None) -> Holder | None:
-        if current is None or self._holder is None or current.token != self._holder.token:
-            raise CheckpointInUseError(
-                f"{self.path} was taken over by {current and current.describe()}"
-            )
+    def _renewed(self, current: Holder | None) -> Holder:
+        if current is None:  # the object is gone (a file that is gone does not open)
+            raise FileNotFoundError(errno.ENOENT, "no lock record", self.path)
+        if self._holder is None or current.token != self._holder.token:
+            raise CheckpointInUseError(f"{self.path} was taken over by {current.describe()}")
         return dataclasses.replace(current, renewed=time.time())
 
     def release(self) -> None:
@@ -166,13 +200,13 @@ class WriterLock:
         if self._thread is not None:
             self._thread.join()
         holder, self._holder = self._holder, None
-        if holder is None:
+        if holder is None or self.lost is not None:  # a lost lock's record is not ours
             return
         try:
             self._record.change(
                 lambda current: None if current and current.token == holder.token else current
             )
-        except OSError as err:
+        except (OSError, Lost) as err:
             logger.warning("Could not release the lock %s: %s", self.path, err)
 
 
@@ -182,15 +216,33 @@ class Handle:
     def __init__(self, path: str | None) -> None:
         self._path = path
 
-    def lost(self) -> CheckpointInUseError | None:
-        """The error to raise if another writer took the lock over (this process's part)."""
+    def holds(self) -> bool:
+        """Whether this process holds the lock (process 0 of a job, or a private node's owner)."""
+        return self._path is not None
+
+    def lost(self) -> Exception | None:
+        """Why this process may not save now, having held the lock; reads the record again.
+
+        Call it before each save: the record is read (:meth:`WriterLock.check`),
+        so a lock lost since the last renewal is found before anything is written.
+
+        Returns:
+            A :class:`~jaxjob.CheckpointInUseError` if the record is gone or
+            names another holder, the ``OSError`` if it could not be read, or None.
+        """
         with _registry_lock:
             entry = _registry.get(self._path) if self._path else None
-        if entry is None or entry[0].lost is None:
+        if entry is None:
+            return None
+        try:
+            entry[0].check()
+        except OSError as err:
+            return err
+        if entry[0].lost is None:
             return None
         return CheckpointInUseError(
-            f"{self._path}: this process's lease lapsed and another writer took the lock "
-            f"over ({entry[0].lost}); stop this run"
+            f"{self._path}: this process no longer holds the lock of this node "
+            f"({entry[0].lost}); nothing was written. Stop this run"
         )
 
     def release(self) -> None:

@@ -215,7 +215,8 @@ class NodeWriter:
         plan.encoded, plan.digests = storage.encode(plan.found, flat, self.private)
         plan.bytes = storage.nbytes(plan.encoded)
         memory.check_room(plan.bytes, f"the save of epoch {plan.epoch} to {plan.path!r}")
-        prepare_prefix(self.db_prefix)
+        if not (self._lock and self._lock.holds()):  # a holder's prefix: checked with its lock
+            prepare_prefix(self.db_prefix)
         self.reader.forget(plan.path)
         if self.deletes:
             plan.pending.superseded = move_aside(plan.path)
