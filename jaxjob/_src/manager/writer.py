@@ -203,13 +203,9 @@ class NodeWriter:
         """Builds the manifest and the leaves as stored, then moves the path aside."""
         self._run = self._run or run_identity.ensure(self.db_prefix)
         found, flat = manifest.build(
-            plan.epoch,
-            self.node_name,
-            Workspace(workspace),
-            Workspace(outputs),
-            self.owner_process,
-            run=self._run,
-        )
+            plan.epoch, self.node_name, Workspace(workspace), Workspace(outputs),
+            self.owner_process, run=self._run,
+        )  # fmt: skip
         metrics = retention.metrics_of(self.required_outputs, outputs, workspace)
         plan.found = dataclasses.replace(found, metrics=metrics)
         plan.encoded, plan.digests = storage.encode(plan.found, flat, self.private)
