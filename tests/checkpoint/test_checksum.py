@@ -222,3 +222,14 @@ def test_multi_node_manager_verifies_each_node_and_falls_back(tmp_path):
     fresh = jaxjob.MultiNodeCheckpointManager(prefix)
     fresh.set_params(nodes=["a", "b"])  # before init, as the runner asks
     assert fresh.get_resume_from_epoch_id() == 0
+
+
+def test_a_checkpoint_deleted_while_it_is_checked_is_missing_not_corrupt(saved, tmp_path):
+    """Retention of another process deleting the epoch: FileNotFoundError, not corruption."""
+    from jaxjob._src.checkpoint import files
+
+    prefix = _copy(saved, tmp_path)
+    path = os.path.join(prefix, "local.1")
+    shutil.rmtree(path)
+    with pytest.raises(FileNotFoundError, match="was deleted while it was being read"):
+        files.check(path)

@@ -423,3 +423,19 @@ def test_auto_resume_passes_over_a_crafted_manifest(saved, tmp_path, case):
     assert ckpt.get_resume_from_epoch_id() == 0
     with pytest.raises(jaxjob.CorruptCheckpointError, match=match):
         jaxjob.restore(prefix)
+
+
+def test_a_multi_node_resume_passes_over_another_runs_epoch(tmp_path):
+    """MultiNodeCheckpointManager's resume decision checks the run too: it falls back."""
+    prefix, other = str(tmp_path / "run"), str(tmp_path / "other")
+    for where in (prefix, other):
+        ckpt = jaxjob.MultiNodeCheckpointManager(where)
+        ckpt.init(["a", "b"], key_nodes={"x": "a", "y": "b"})
+        for epoch in (0, 1):
+            ckpt.save(epoch, jaxjob.Workspace({"x": jnp.ones(3) * epoch, "y": jnp.ones(2)}))
+        ckpt.close()
+    shutil.rmtree(os.path.join(prefix, "a.1"))
+    shutil.copytree(os.path.join(other, "a.1"), os.path.join(prefix, "a.1"))
+    fresh = jaxjob.MultiNodeCheckpointManager(prefix)
+    fresh.set_params(nodes=["a", "b"])
+    assert fresh.get_resume_from_epoch_id() == 0

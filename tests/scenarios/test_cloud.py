@@ -122,3 +122,19 @@ def test_cli_lists_a_bucket(bucket_prefix, capsys):
     assert cli.main(["ls", bucket_prefix + "-missing"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("jaxjob ls: no checkpoint directories under")
+
+
+def test_a_listing_leaves_no_cache_that_hides_a_deletion(s3_prefix):
+    """After list_files, a marker deleted by another client is gone for exists() too."""
+    import boto3
+
+    from jaxjob._src.base import fs
+
+    ckpt = jaxjob.CheckpointManager(s3_prefix)
+    ckpt.save(0, {"w": jnp.ones(4)})
+    ckpt.close()
+    path = fs.join(s3_prefix, "local.0")
+    assert "commit_success.txt" in fs.list_files(path)
+    bucket, key = path.removeprefix("s3://").split("/", 1)
+    boto3.client("s3").delete_object(Bucket=bucket, Key=f"{key}/commit_success.txt")
+    assert not fs.exists(fs.join(path, "commit_success.txt"))

@@ -1,4 +1,4 @@
-"""CRC-32C (Castagnoli) of bytes, arrays and files: the checksum of every byte jaxjob stores.
+"""CRC-32C (Castagnoli) of bytes and arrays: the checksum of every byte jaxjob stores.
 
 CRC-32C detects every burst of up to 32 flipped bits, every odd number of
 flipped bits, reordered words and sectors (unlike a sum), and runs in
@@ -11,14 +11,12 @@ commit, by 0.1-0.3 s. No copy of a buffer is made.
 
 from __future__ import annotations
 
-import mmap
-import os
 from typing import Any
 
 import crc32c as _crc32c
 import numpy as np
 
-__all__ = ["NAME", "of_array", "of_bytes", "of_file"]
+__all__ = ["NAME", "of_array", "of_bytes"]
 
 NAME = "crc32c"
 
@@ -46,13 +44,3 @@ def of_array(array: Any) -> int:
     """
     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     return of_bytes(data) if data.size else 0
-
-
-def of_file(path: str) -> tuple[int, int]:
-    """The size and CRC-32C of the local file ``path``, read through a memory map (no copy)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return 0, 0
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return size, of_bytes(mapped)

@@ -35,7 +35,6 @@ import concurrent.futures
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,21 +53,32 @@ __all__ = [
 
 CHECKPOINT_TABLE = "jaxjob/files.json"  # where a checkpoint directory keeps its table
 SELF_KEY = "self_checksum"
-SIZE_ONLY_OVER = 1 << 20  # bytes: a larger OCDBT data file gets its size only
-_DATA_FILE = re.compile(r"(^|/)d/[0-9a-f]{32}$")
+SIZE_ONLY_OVER = 1 << 20  # bytes: a larger data file gets its size only
+# Every file of a checkpoint that is not one of these is a data file (OCDBT's d/<hash> files,
+# zarr chunk files of checkpoints written without OCDBT): leaf values, or OCDBT B-tree nodes.
+_METADATA_NAMES = {
+    "_CHECKPOINT_METADATA", "_METADATA", "_ROOT_METADATA", "_sharding", "manifest.ocdbt",
+    "commit_success.txt", ".zarray", ".zattrs", ".zgroup", "zarr.json",
+}  # fmt: skip
+_METADATA_DIRS = ("jaxjob/", "array_metadatas/")
+_CHUNK = 4 << 20  # bytes read at a time when hashing a file
 SHA_UP_TO = 64 << 10  # bytes: smaller files also get a SHA-256 (see the module docstring)
 ALGORITHM = "crc32c+sha256"
 Entry = list[Any]  # [size, crc32c or None, sha256 hex or None]
 
 
 def is_data_file(relative: str) -> bool:
-    """Whether ``relative`` names an OCDBT data file (``.../d/<32 hex digits>``).
+    """Whether ``relative`` names a data file: not one of Orbax's, zarr's or jaxjob's metadata.
 
     Example:
-        >>> is_data_file("state/ocdbt.process_0/d/" + "a" * 32), is_data_file("state/_METADATA")
-        (True, False)
+        >>> is_data_file("state/ocdbt.process_0/d/" + "a" * 32), is_data_file("state/l0/0.0")
+        (True, True)
+        >>> is_data_file("state/_METADATA"), is_data_file("state/array_metadatas/process_0")
+        (False, False)
     """
-    return bool(_DATA_FILE.search(relative))
+    name = relative.rpartition("/")[2]
+    inside = relative if relative.startswith(_METADATA_DIRS) else relative.partition("/")[2]
+    return name not in _METADATA_NAMES and not inside.startswith(_METADATA_DIRS)
 
 
 def doc_checksum(doc: Mapping[str, Any]) -> int:
@@ -91,21 +101,32 @@ def entry_of(data: bytes) -> Entry:
     return [len(data), crc32c.of_bytes(data), _sha(data, len(data))]
 
 
-def _local_entry(path: str, flush: bool) -> Entry:
+def hash_file(path: str) -> Entry:
+    """The table entry of the local file ``path``, read in chunks (no map, no whole copy)."""
+    crc, sha, size = 0, hashlib.sha256(), 0
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb") as f:
+        while n := f.readinto(buffer):
+            crc = crc32c.of_bytes(view[:n], crc)
+            if size + n <= SHA_UP_TO:
+                sha.update(view[:n])
+            size += n
+    return [size, crc, sha.hexdigest() if size <= SHA_UP_TO else None]
+
+
+def _local_entry(path: str, relative: str, flush: bool) -> Entry:
     size = os.path.getsize(path)
-    if is_data_file(path) and size > SIZE_ONLY_OVER:
-        crc = sha = None
+    if is_data_file(relative) and size > SIZE_ONLY_OVER:
+        entry = [size, None, None]
     else:
-        with open(path, "rb") as f:
-            data = f.read()
-        crc, sha = crc32c.of_bytes(data), _sha(data, size)
-    if flush:
+        entry = hash_file(path)
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    return [size, crc, sha]
+    return entry
 
 
 def _local_table(directory: str, flush: bool) -> dict[str, Entry]:
@@ -117,7 +138,8 @@ def _local_table(directory: str, flush: bool) -> dict[str, Entry]:
         dirs.append(root)
         for name in names:
             full = os.path.join(root, name)
-            jobs[os.path.relpath(full, directory)] = pool.submit(_local_entry, full, flush)
+            rel = os.path.relpath(full, directory)
+            jobs[rel] = pool.submit(_local_entry, full, rel, flush)
     if flush:
         flushes = [pool.submit(fs.fsync_dir, d) for d in dirs]
         concurrent.futures.wait(flushes)
@@ -187,14 +209,17 @@ def read(directory: str, relative: str) -> dict[str, Entry]:
         FileNotFoundError: If there is no table.
         ValueError: If it is not valid JSON, fails its own checksum or is malformed.
     """
-    doc = json.loads(fs.read_text(fs.join(directory, relative)))
+    try:
+        doc = json.loads(fs.read_text(fs.join(directory, relative)))
+    except RecursionError:
+        raise ValueError("it nests too deeply to be a file table") from None
     if not isinstance(doc, dict) or doc.get(SELF_KEY) != doc_checksum(doc):
         raise ValueError("it fails its own checksum")
     if doc.get("algorithm") != ALGORITHM or not isinstance(doc.get("files"), dict):
         raise ValueError(f"it is malformed (algorithm {doc.get('algorithm')!r})")
     files = doc["files"]
     for rel, entry in files.items():
-        ok = isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int)
+        ok = isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int
         if (
             not ok
             or not (entry[1] is None or isinstance(entry[1], int))
@@ -225,7 +250,7 @@ def problems(
         files = read(directory, relative)
     except FileNotFoundError:
         return {relative: f"{name(relative, where)} is missing"}
-    except ValueError as err:
+    except (ValueError, IsADirectoryError, UnicodeDecodeError) as err:
         return {relative: f"{name(relative, where)} is damaged: {err}"}
     present = fs.list_files(directory)
     pool = fs.flush_pool()
@@ -249,10 +274,10 @@ def _file_problem(
         return f"has {present[rel]} bytes, not the {size} it was written with"
     if crc is None or (data_up_to is not None and is_data_file(rel) and size > data_up_to):
         return None
-    if fs.is_remote(path) or sha is not None:
-        found = entry_of(fs.read_bytes(path))
-    else:
-        found = [size, crc32c.of_file(path)[1], None]
+    try:
+        found = entry_of(fs.read_bytes(path)) if fs.is_remote(path) else hash_file(path)
+    except FileNotFoundError:
+        return "is missing"
     if found[1:] != [crc, sha]:
         return "fails its checksum (its bytes changed since it was written)"
     return None

@@ -238,7 +238,10 @@ def list_files(path: str) -> dict[str, int]:
         store = epath.backend.fsspec_backend.fs(path)
         store.invalidate_cache()
         base = path.split("://", 1)[1].rstrip("/") + "/"
-        found = store.find(path, detail=True)
+        try:
+            found = store.find(path, detail=True)
+        finally:  # find fills the listing cache, which later exists() calls would believe
+            store.invalidate_cache()
         return {
             name.removeprefix(base): int(info["size"])
             for name, info in found.items()

@@ -65,17 +65,26 @@ def _cgroup_dirs() -> list[str]:
     return found
 
 
-def _inactive_file(directory: str) -> int:
-    """Page cache the kernel reclaims first, which a cgroup's usage counts (from memory.stat)."""
+def _reclaimable(directory: str) -> int:
+    """Clean page cache, which a cgroup's usage counts and the kernel reclaims (memory.stat).
+
+    Active and inactive file pages less those dirty or under writeback; on
+    cgroup v1 the hierarchical (``total_``) figures, as its usage is.
+    """
+    stat: dict[str, int] = {}
     try:
         with open(os.path.join(directory, "memory.stat")) as f:
             for line in f:
                 key, _, value = line.partition(" ")
-                if key in ("inactive_file", "total_inactive_file"):
-                    return int(value)
+                stat[key] = int(value)
     except (OSError, ValueError):
         return 0
-    return 0
+    prefix = "total_" if "total_inactive_file" in stat else ""
+    clean = sum(stat.get(prefix + k, 0) for k in ("active_file", "inactive_file"))
+    dirty = sum(
+        stat.get(prefix + k, 0) for k in ("dirty", "writeback", "file_dirty", "file_writeback")
+    )
+    return max(0, clean - dirty)
 
 
 def _cgroup_room() -> int | None:
@@ -89,7 +98,7 @@ def _cgroup_room() -> int | None:
             limit = _read_int(os.path.join(directory, limit_file))
             usage = _read_int(os.path.join(directory, usage_file))
             if limit is not None and usage is not None and limit < 1 << 60:
-                used = usage - _inactive_file(directory)
+                used = usage - _reclaimable(directory)
                 rooms.append(max(0, limit - used))
     return min(rooms) if rooms else None
 

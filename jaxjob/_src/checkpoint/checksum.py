@@ -94,7 +94,7 @@ def host_shards(value: Any, *, every_replica: bool = False) -> list[tuple[Index,
 
 def _compute(shards: dict[str, list[tuple[Index, np.ndarray]]]) -> dict[str, list[Any]]:
     return {
-        name: [[[list(r) for r in index], digest(data), data.dtype.str] for index, data in found]
+        name: [[[list(r) for r in index], digest(data), data.dtype.name] for index, data in found]
         for name, found in shards.items()
     }
 
@@ -281,7 +281,7 @@ def mismatches(value: Any, records: Iterable[Record]) -> tuple[list[Record], int
     """
     pieces = host_shards(value, every_replica=True)
     records = list(records)
-    if pieces and any(r[3] != pieces[0][1].dtype.str for r in records):
+    if pieces and any(r[3] != pieces[0][1].dtype.name for r in records):
         return records, len(records)  # read as another dtype than was hashed: a crafted manifest
     bad, checked = [], 0
     for record in records:

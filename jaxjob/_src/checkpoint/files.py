@@ -16,7 +16,7 @@ from jaxjob._src.base import file_table, fs
 from jaxjob._src.base.file_table import CHECKPOINT_TABLE as FILE_TABLE
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import checksum, manifest
-from jaxjob._src.checkpoint.layout import parse_name
+from jaxjob._src.checkpoint.layout import is_committed, parse_name
 
 __all__ = ["FILE_TABLE", "SMALL_DATA", "check", "problems", "unread"]
 
@@ -76,6 +76,7 @@ def check(path: str, epoch: int | None = None, *, data: bool = False) -> dict[st
     Raises:
         CorruptCheckpointError: Naming every damaged, missing or resized
             metadata file.
+        FileNotFoundError: If the checkpoint was deleted meanwhile.
         ValueError: If the checkpoint has no table because an older jaxjob
             wrote it (its manifest's format says so).
     """
@@ -83,6 +84,8 @@ def check(path: str, epoch: int | None = None, *, data: bool = False) -> dict[st
     lines = [line for rel, line in found.items() if not file_table.is_data_file(rel)]
     if not lines:
         return {rel: line for rel, line in found.items() if file_table.is_data_file(rel)}
+    if not is_committed(path):  # deleted meanwhile (another process's retention): not damaged
+        raise FileNotFoundError(f"the checkpoint {path!r} was deleted while it was being read")
     if fs.exists(fs.join(path, manifest.MANIFEST_ITEM, manifest.MANIFEST_FILE)):
         manifest.read(path)  # an older format raises its own error, which says what to do
     if epoch is None:

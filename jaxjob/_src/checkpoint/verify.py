@@ -111,7 +111,7 @@ def verify_checkpoint(
     except CorruptCheckpointError as err:  # its message names the checkpoint and the files
         return [str(err)]
     except (OSError, ValueError) as err:
-        return [f"{path}: manifest unreadable: {err}"]
+        return [f"{path}: unreadable ({type(err).__name__}): {err}"]
     if reader is not None:
         lines = leaf_check.check_all(reader, path, found, records)
     else:

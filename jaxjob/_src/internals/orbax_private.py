@@ -172,7 +172,7 @@ class TabledCommitFile(atomicity.CommitFileTemporaryPath):
         final = os.fspath(self._final_path)
         marker = f"Checkpoint commit was successful to {self._final_path}"
         await asyncio.to_thread(_write_table, final, marker, False)
-        await async_path.write_text(self._final_path / COMMIT_FILE, marker)
+        await asyncio.to_thread(fs.write_new, fs.join(final, COMMIT_FILE), marker)  # bounded
 
 
 async def _update_commit_time(store: Any, tmp_path: Any) -> None:

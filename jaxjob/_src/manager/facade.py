@@ -269,7 +269,8 @@ class ManagerCore:
                     f"no committed checkpoint for node {node!r} at epoch {epoch} ({path!r}); "
                     f"committed epochs: {common_epochs(self._db_prefix, [node], self._path_prefix)}"
                 )
-            lines += verify.verify_checkpoint(path, data=data)
+            prefix = path.rpartition("/")[0]  # the db_prefix, or a path_prefix's folder
+            lines += verify.verify_checkpoint(path, data=data, db_prefix=prefix)
         return lines
 
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
