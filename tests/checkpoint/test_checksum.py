@@ -135,24 +135,6 @@ def test_a_damaged_checksum_file_is_reported(saved, tmp_path):
 # ---- auto-resume falls back to the newest intact epoch, exactly ------------------------------
 
 
-def _train(prefix, handler=None):
-    session = jaxjob.Session()
-    ckpt = jaxjob.CheckpointManager(prefix, metadata_handler=handler)
-    last = jaxjob.JobRunner(exact_job.build_job(None), ckpt).train(session)
-    ckpt.close()
-    return last, session.workspace
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted run of the exactness job: its checkpoints and its final workspace."""
-    base = tmp_path_factory.mktemp("reference")
-    last, workspace = _train(str(base / "ckpt"))
-    assert last == exact_job.EPOCHS
-    exact_job.dump(workspace, base / "out.npz")
-    return base
-
-
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
 def test_auto_resume_falls_back_to_the_newest_intact_epoch_exactly(
     reference, tmp_path, caplog, kind
@@ -163,7 +145,7 @@ def test_auto_resume_falls_back_to_the_newest_intact_epoch_exactly(
     CORRUPTIONS[kind](os.path.join(prefix, f"local.{last}"))
     handler = jaxjob.DiskMetadataHandler()
     with caplog.at_level(logging.WARNING, logger="jaxjob"):
-        finished, workspace = _train(prefix, handler)
+        finished, workspace = exact_job.train(prefix, handler)
     assert finished == last
     assert f"The checkpoint of epoch {last} is damaged" in caplog.text
     (report,) = [h for h in handler.history if h["action"] == "checkpoint_verify"]

@@ -86,24 +86,6 @@ def test_every_file_damaged_is_reported_and_refused(saved, tmp_path, kind):
 # ---- auto-resume falls back to the newest intact epoch, exactly ------------------------------
 
 
-def _train(prefix, handler=None):
-    session = jaxjob.Session()
-    ckpt = jaxjob.CheckpointManager(prefix, metadata_handler=handler)
-    last = jaxjob.JobRunner(exact_job.build_job(None), ckpt).train(session)
-    ckpt.close()
-    return last, session.workspace
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted run of the exactness job: its checkpoints and its final workspace."""
-    base = tmp_path_factory.mktemp("reference")
-    last, workspace = _train(str(base / "ckpt"))
-    assert last == exact_job.EPOCHS
-    exact_job.dump(workspace, base / "out.npz")
-    return base
-
-
 def _resume_after(reference, tmp_path, rel, kind):
     """Damages ``rel`` of the last epoch, auto-resumes, checks the fall-back and the result."""
     prefix = str(tmp_path / "ckpt")
@@ -113,7 +95,7 @@ def _resume_after(reference, tmp_path, rel, kind):
     other = damage.counterpart(rel, path, os.path.join(prefix, f"local.{last - 1}"))
     assert damage.MATRIX[kind](os.path.join(path, rel), other)
     handler = jaxjob.DiskMetadataHandler()
-    finished, workspace = _train(prefix, handler)
+    finished, workspace = exact_job.train(prefix, handler)
     assert finished == last
     loads = [h for h in handler.history if h["action"] == "checkpoint_load"]
     assert [s["epoch"] for h in loads for s in h["stats"].values()] == [last - 1]

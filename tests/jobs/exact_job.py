@@ -129,6 +129,15 @@ def assert_same_workspace(a, b):
             np.testing.assert_array_equal(x[name], y[name], err_msg=name)
 
 
+def train(prefix, handler=None):
+    """Trains the job in this process under ``prefix`` (auto-resume): (last epoch, workspace)."""
+    session = jaxjob.Session()
+    ckpt = jaxjob.CheckpointManager(prefix, metadata_handler=handler)
+    last = jaxjob.JobRunner(build_job(None), ckpt).train(session)
+    ckpt.close()
+    return last, session.workspace
+
+
 def run(ckpt, out, *extra, expect=0):
     """Runs this script in a child process and checks its exit status."""
     proc = subprocess.run(
