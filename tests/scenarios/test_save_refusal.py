@@ -194,6 +194,14 @@ ckpt = jaxjob.CheckpointManager(sys.argv[1])
 ckpt.save(0, {"w": jnp.ones(1000)})
 ckpt.wait_until_finished()
 big = {f"w{i}": jax.device_put(np.full(48 * 2**20, i, np.float32)) for i in range(2)}  # 384 MiB
+# Now the limit: what this process holds (page cache aside) and 200 MiB, less than the 384 a save
+# of `big` needs. Set only now, so that importing and building the workspace cannot hit it.
+group = sys.argv[2]
+stat = dict(line.split() for line in open(os.path.join(group, "memory.stat")))
+cache = int(stat["total_active_file"]) + int(stat["total_inactive_file"])
+used = int(open(os.path.join(group, "memory.usage_in_bytes")).read()) - cache
+with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
+    f.write(str(used + 200 * 2**20))
 try:
     ckpt.save(1, big)
     ckpt.wait_until_finished()
@@ -206,14 +214,14 @@ print("COMMITTED", ckpt.committed_epochs(), flush=True)
 
 @pytest.fixture
 def memory_cgroup():
-    """A memory cgroup (v1) of 700 MiB; skips where cgroups cannot be made."""
+    """A memory cgroup (v1) of 2 GiB until its process tightens it; skips where none can be made."""
     import uuid
 
     path = f"/sys/fs/cgroup/memory/jaxjob-test-{uuid.uuid4().hex[:8]}"
     try:
         os.mkdir(path)
         with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
-            f.write(str(700 * 2**20))
+            f.write(str(2 * 2**30))
     except OSError as err:
         pytest.skip(f"cannot make a memory cgroup here: {err}")
     yield path

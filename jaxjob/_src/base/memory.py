@@ -68,8 +68,9 @@ def _cgroup_dirs() -> list[str]:
 def _reclaimable(directory: str) -> int:
     """Clean page cache, which a cgroup's usage counts and the kernel reclaims (memory.stat).
 
-    Active and inactive file pages less those dirty or under writeback; on
-    cgroup v1 the hierarchical (``total_``) figures, as its usage is.
+    Active and inactive file pages less those dirty, under writeback or
+    mapped (the libraries a process runs from: evicted, they fault back in);
+    on cgroup v1 the hierarchical (``total_``) figures, as its usage is.
     """
     stat: dict[str, int] = {}
     try:
@@ -81,10 +82,8 @@ def _reclaimable(directory: str) -> int:
         return 0
     prefix = "total_" if "total_inactive_file" in stat else ""
     clean = sum(stat.get(prefix + k, 0) for k in ("active_file", "inactive_file"))
-    dirty = sum(
-        stat.get(prefix + k, 0) for k in ("dirty", "writeback", "file_dirty", "file_writeback")
-    )
-    return max(0, clean - dirty)
+    busy = ("dirty", "writeback", "mapped_file", "file_dirty", "file_writeback", "file_mapped")
+    return max(0, clean - sum(stat.get(prefix + k, 0) for k in busy))
 
 
 def _cgroup_room() -> int | None:
