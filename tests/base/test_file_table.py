@@ -16,7 +16,7 @@ def _sealed(tmp_path, files):
         os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
         (tmp_path / rel).write_bytes(data)
     (tmp_path / "meta").mkdir(exist_ok=True)
-    doc = file_table.table(str(tmp_path), flush=True)
+    doc = file_table.table(str(tmp_path))
     file_table.write(str(tmp_path), TABLE, doc, {"done.txt": "committed"})
     (tmp_path / "done.txt").write_text("committed")
     return str(tmp_path)

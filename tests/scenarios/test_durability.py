@@ -19,7 +19,9 @@ from jaxjob._src.internals import orbax_private
 SAVE = """
 import jax.numpy as jnp, numpy as np, jaxjob
 ckpt = jaxjob.CheckpointManager(PREFIX, async_save=ASYNC)
-ckpt.save(0, {"params": {"w": jnp.arange(1000.0)}, "cursor": np.arange(3), "step": 1})
+# "big": a data file over 1 MiB, which the file table sizes without reading: flushed all the same
+big = jnp.ones(300_000)
+ckpt.save(0, {"params": {"w": jnp.arange(1000.0)}, "big": big, "cursor": np.arange(3), "step": 1})
 ckpt.wait_until_finished()
 ckpt.close()
 print("SAVED", flush=True)

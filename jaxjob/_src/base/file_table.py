@@ -2,9 +2,8 @@
 
 A checkpoint's committing process writes the table (``jaxjob/files.json`` in a
 checkpoint, carrying its own CRC-32C) just before the commit marker, once
-every other file is written: on local disk while the files are flushed (the
-checksums read them from the page cache, concurrently with their
-``fsync``); on an object store from a listing and reads of the objects. It
+every other file is written: on local disk from the page cache, on an
+object store from a listing and reads of the objects. It
 also records the commit marker that follows it, whose text the committer
 knows in advance.
 
@@ -31,7 +30,6 @@ large data files, whose values it checks as it reads them).
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import os
@@ -115,37 +113,24 @@ def hash_file(path: str) -> Entry:
     return [size, crc, sha.hexdigest() if size <= SHA_UP_TO else None]
 
 
-def _local_entry(path: str, relative: str, flush: bool) -> Entry:
-    size = os.path.getsize(path)
-    if is_data_file(relative) and size > SIZE_ONLY_OVER:
-        entry = [size, None, None]
-    else:
-        entry = hash_file(path)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return entry
+def _size_only(relative: str, size: int) -> bool:
+    """Whether the table records only the size of this file (a large data file)."""
+    return is_data_file(relative) and size > SIZE_ONLY_OVER
 
 
-def _local_table(directory: str, flush: bool) -> dict[str, Entry]:
-    """CRC-32C (and, with ``flush``, an fsync) of every file under ``directory``, concurrently."""
-    jobs: dict[str, concurrent.futures.Future] = {}
-    dirs = []
+def _local_table(directory: str) -> dict[str, Entry]:
+    """The entry of every file under the local ``directory``, hashed concurrently."""
+    sizes = fs.list_files(directory)
     pool = fs.flush_pool()
-    for root, _, names in os.walk(directory):
-        dirs.append(root)
-        for name in names:
-            full = os.path.join(root, name)
-            rel = os.path.relpath(full, directory)
-            jobs[rel] = pool.submit(_local_entry, full, rel, flush)
-    if flush:
-        flushes = [pool.submit(fs.fsync_dir, d) for d in dirs]
-        concurrent.futures.wait(flushes)
-        for flush_dir in flushes:
-            flush_dir.result()
-    return {name: job.result() for name, job in sorted(jobs.items())}
+    jobs = {
+        rel: pool.submit(hash_file, os.path.join(directory, rel))
+        for rel, size in sizes.items()
+        if not _size_only(rel, size)
+    }
+    return {
+        rel: jobs[rel].result() if rel in jobs else [size, None, None]
+        for rel, size in sorted(sizes.items())
+    }
 
 
 def _remote_table(directory: str) -> dict[str, Entry]:
@@ -153,7 +138,7 @@ def _remote_table(directory: str) -> dict[str, Entry]:
     pool = fs.flush_pool()
 
     def entry(relative: str, size: int) -> Entry:
-        if is_data_file(relative) and size > SIZE_ONLY_OVER:
+        if _size_only(relative, size):
             return [size, None, None]
         return entry_of(fs.read_bytes(fs.join(directory, relative)))
 
@@ -161,19 +146,15 @@ def _remote_table(directory: str) -> dict[str, Entry]:
     return {rel: job.result() for rel, job in sorted(jobs.items())}
 
 
-def table(
-    directory: str, *, flush: bool = False, skip: Callable[[str], bool] = lambda _: False
-) -> dict[str, Any]:
+def table(directory: str, *, skip: Callable[[str], bool] = lambda _: False) -> dict[str, Any]:
     """The file table of ``directory`` (files ``skip`` accepts left out), without writing it.
 
     Args:
         directory: A local directory or an object-store prefix.
-        flush: On local disk, also fsync every file and directory (the
-            commit's flush, done in the same pass).
         skip: Relative paths to leave out.
     """
     remote = fs.is_remote(directory)
-    files = _remote_table(directory) if remote else _local_table(directory, flush)
+    files = _remote_table(directory) if remote else _local_table(directory)
     return {
         "algorithm": ALGORITHM,
         "files": {rel: entry for rel, entry in files.items() if not skip(rel)},

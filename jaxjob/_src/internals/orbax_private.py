@@ -150,7 +150,8 @@ class DurableRename(atomicity.AtomicRenameTemporaryPath):
         await _update_commit_time(self._checkpoint_metadata_store, self._tmp_path)
         tmp, final = os.fspath(self._tmp_path), os.fspath(self._final_path)
         marker = f"Checkpoint commit was successful to {self._final_path}"
-        await asyncio.to_thread(_write_table, tmp, marker, True)
+        await asyncio.to_thread(fs.fsync_tree, tmp)
+        await asyncio.to_thread(_write_table, tmp, marker)
         await asyncio.to_thread(fs.write_new, os.path.join(tmp, COMMIT_FILE), marker)
         await asyncio.to_thread(fs.fsync_dir, tmp)
         await asyncio.to_thread(fs.fsync_dir, os.path.dirname(os.path.join(tmp, FILE_TABLE)))
@@ -171,7 +172,7 @@ class TabledCommitFile(atomicity.CommitFileTemporaryPath):
         await _update_commit_time(self._checkpoint_metadata_store, self._tmp_path)
         final = os.fspath(self._final_path)
         marker = f"Checkpoint commit was successful to {self._final_path}"
-        await asyncio.to_thread(_write_table, final, marker, False)
+        await asyncio.to_thread(_write_table, final, marker)
         await asyncio.to_thread(fs.write_new, fs.join(final, COMMIT_FILE), marker)  # bounded
 
 
@@ -188,9 +189,9 @@ async def _update_commit_time(store: Any, tmp_path: Any) -> None:
     await asyncio.to_thread(store.wait_until_finished)
 
 
-def _write_table(directory: str, marker: str, flush: bool) -> None:
-    """The file table of a checkpoint about to commit, its marker's text included."""
-    doc = file_table.table(directory, flush=flush)
+def _write_table(directory: str, marker: str) -> None:
+    """The file table of a checkpoint about to commit, its marker's text included (flushed)."""
+    doc = file_table.table(directory)
     file_table.write(directory, FILE_TABLE, doc, {COMMIT_FILE: marker})
 
 
