@@ -317,10 +317,7 @@ def create_only(path: str, text: str) -> bool:
 
 def _create_exclusive(path: str, text: str) -> bool:
     try:
-        with open(path, "x") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        write_new(path, text)
     except FileExistsError:
         return False
     fsync_dir(os.path.dirname(path))

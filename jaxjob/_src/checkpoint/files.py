@@ -15,10 +15,10 @@ from __future__ import annotations
 from jaxjob._src.base import file_table, fs
 from jaxjob._src.base.file_table import CHECKPOINT_TABLE as FILE_TABLE
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import checksum, manifest
+from jaxjob._src.checkpoint import checksum, manifest, run_identity
 from jaxjob._src.checkpoint.layout import is_committed, parse_name
 
-__all__ = ["FILE_TABLE", "SMALL_DATA", "check", "problems", "unread"]
+__all__ = ["FILE_TABLE", "SMALL_DATA", "check", "problems", "read_checked", "unread"]
 
 logger = get_logger(__name__)
 
@@ -92,6 +92,37 @@ def check(path: str, epoch: int | None = None, *, data: bool = False) -> dict[st
         parsed = parse_name(path.rstrip("/").rpartition("/")[2])
         epoch = parsed.epoch if parsed is not None else "?"
     raise checksum.corrupt(epoch, path, "; ".join(lines))
+
+
+def read_checked(
+    path: str,
+    *,
+    epoch: int | None = None,
+    db_prefix: str | None = None,
+    data: bool = False,
+    found: manifest.Manifest | None = None,
+) -> tuple[manifest.Manifest, dict[str, str]]:
+    """The manifest of the committed checkpoint ``path``, read once its files check out.
+
+    Every read of a checkpoint goes through here: its files against the
+    table (:func:`check`), its manifest, and its run.
+
+    Args:
+        path: A committed checkpoint directory.
+        epoch: Its epoch, for errors (by default from its name).
+        db_prefix: The db_prefix it is read through: the manifest must name
+            that prefix's run (:mod:`jaxjob._src.checkpoint.run_identity`).
+        data: As :func:`check` says.
+        found: Its manifest, if already read (the files are checked again).
+
+    Returns:
+        The manifest, and the data files' problems (see :func:`check`).
+    """
+    damaged = check(path, epoch, data=data)
+    found = found or manifest.read(path)
+    if db_prefix is not None:
+        run_identity.check(found, db_prefix)
+    return found, damaged
 
 
 def unread(path: str, epoch: int, damaged: dict[str, str], *, whole: bool) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import files, keypaths, manifest, run_identity, storage
+from jaxjob._src.checkpoint import files, keypaths, manifest, storage
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import (
     check_epoch,
@@ -226,11 +226,9 @@ def _committed_now(request: _Request) -> list[int]:
 
 def _read(request: _Request, dirs: list[str]) -> Workspace:
     path, target, leaves = request.path, request.target, request.leaves
-    damaged = {d: files.check(d) for d in dirs}  # before anything else reads them
-    manifests = {d: manifest.read(d) for d in dirs}
-    if dirs != [path]:  # read through a db_prefix: each must be that run's
-        for found in manifests.values():
-            run_identity.check(found, path)
+    prefix = None if dirs == [path] else path  # read through a db_prefix: each must be its run's
+    checked = {d: files.read_checked(d, db_prefix=prefix) for d in dirs}
+    manifests = {d: found for d, (found, _) in checked.items()}
     state = {k: v for m in manifests.values() for k, v in m.state.items()}
     patterns = list(leaves) if leaves is not None else (list(target) if target else None)
     chosen = keypaths.select(state, patterns, where=f" in the checkpoint at {str(path)!r}")
@@ -248,7 +246,7 @@ def _read(request: _Request, dirs: list[str]) -> Workspace:
         whole = {sel.name for sel in mine.values()} == set(found.state) and not any(
             sel.segments for sel in mine.values()
         )
-        files.unread(d, found.epoch, damaged[d], whole=whole)
+        files.unread(d, found.epoch, checked[d][1], whole=whole)
     return Workspace({k: result[k] for k in chosen})
 
 

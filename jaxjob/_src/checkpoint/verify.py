@@ -7,7 +7,7 @@ from typing import Any
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
-from jaxjob._src.checkpoint import checksum, files, leaf_check, manifest, run_identity, storage
+from jaxjob._src.checkpoint import checksum, files, leaf_check, manifest, storage
 from jaxjob._src.checkpoint.layout import is_committed
 from jaxjob._src.checkpoint.listing import list_checkpoints
 from jaxjob._src.internals import orbax_private
@@ -61,8 +61,8 @@ def verify(path: str | os.PathLike) -> list[str]:
         >>> verify(prefix)  # jaxjob._src.checkpoint.verify.verify
         []
     """
-    dirs = checkpoints_under(path)
-    prefix = None if dirs == [fs.normalize(path, "path")] else fs.normalize(path, "path")
+    dirs, given = checkpoints_under(path), fs.normalize(path, "path")
+    prefix = None if dirs == [given] else given
     return [line for d in dirs for line in verify_checkpoint(d, db_prefix=prefix)]
 
 
@@ -103,10 +103,7 @@ def verify_checkpoint(
     if not is_committed(path):
         return [f"{path}: not committed (no commit marker): an interrupted or unfinished save"]
     try:
-        data_files = files.check(path, data=data)
-        found = found or manifest.read(path)
-        if db_prefix is not None:
-            run_identity.check(found, db_prefix)
+        found, data_files = files.read_checked(path, db_prefix=db_prefix, data=data, found=found)
         records = checksum.read_records(path, found)
     except CorruptCheckpointError as err:  # its message names the checkpoint and the files
         return [str(err)]

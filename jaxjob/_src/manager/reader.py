@@ -9,7 +9,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import files, keypaths, manifest, run_identity, storage, verify
+from jaxjob._src.checkpoint import files, keypaths, manifest, storage, verify
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace
@@ -74,9 +74,8 @@ class NodeReader:
                     f"no committed checkpoint for node {self.node_name!r} at epoch {epoch} "
                     f"({path!r}); committed epochs: {self._committed()}"
                 )
-            self._damaged[path] = files.check(path, epoch)
-            found = manifest.read(path)
-            run_identity.check(found, path.rpartition("/")[0])  # the db_prefix holding it
+            prefix = path.rpartition("/")[0]  # the db_prefix holding it
+            found, self._damaged[path] = files.read_checked(path, epoch=epoch, db_prefix=prefix)
             self._manifests[path] = found
         return path, self._manifests[path]
 
