@@ -3,6 +3,17 @@
 import os
 
 
+def save_epochs(prefix, workspace, epochs=(0, 1)):
+    """Saves ``workspace(epoch)`` as each of ``epochs`` under ``prefix``; returns ``prefix``."""
+    import jaxjob
+
+    ckpt = jaxjob.CheckpointManager(str(prefix))
+    for epoch in epochs:
+        ckpt.save(epoch, jaxjob.Workspace(workspace(epoch)))
+    ckpt.close()
+    return str(prefix)
+
+
 def largest_data_file(path):
     """The largest data file of the checkpoint's ``state`` item (in an OCDBT ``d/`` directory)."""
     files = [

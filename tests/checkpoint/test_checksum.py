@@ -21,6 +21,7 @@ from damage import (
     flip_file,
     largest_data_file,
     read,
+    save_epochs,
     truncate,
     write,
 )
@@ -59,12 +60,7 @@ def _workspace(scale):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A db_prefix with two committed epochs, 0 and 1, of the same structure."""
-    prefix = str(tmp_path_factory.mktemp("saved"))
-    ckpt = jaxjob.CheckpointManager(prefix)
-    for epoch in (0, 1):
-        ckpt.save(epoch, jaxjob.Workspace(_workspace(epoch + 1)))
-    ckpt.close()
-    return prefix
+    return save_epochs(tmp_path_factory.mktemp("saved"), lambda e: _workspace(e + 1))
 
 
 def _copy(saved, tmp_path):

@@ -30,12 +30,7 @@ def _workspace(epoch):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A db_prefix with committed epochs 0 and 1 of the same structure, other values."""
-    prefix = str(tmp_path_factory.mktemp("matrix"))
-    ckpt = jaxjob.CheckpointManager(prefix)
-    for epoch in (0, 1):
-        ckpt.save(epoch, jaxjob.Workspace(_workspace(epoch)))
-    ckpt.close()
-    return prefix
+    return damage.save_epochs(tmp_path_factory.mktemp("matrix"), _workspace)
 
 
 def _names_it(message, rel):

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 
+import damage
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,12 +29,7 @@ def _workspace(scale):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A db_prefix with committed epochs 0 and 1 of every kind of leaf."""
-    prefix = str(tmp_path_factory.mktemp("saved"))
-    ckpt = jaxjob.CheckpointManager(prefix)
-    for epoch in (0, 1):
-        ckpt.save(epoch, jaxjob.Workspace(_workspace(epoch + 1)))
-    ckpt.close()
-    return prefix
+    return damage.save_epochs(tmp_path_factory.mktemp("saved"), lambda e: _workspace(e + 1))
 
 
 @pytest.fixture(scope="module")

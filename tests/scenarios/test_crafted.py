@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import package_files
 import pytest
-from damage import flip_file, largest_data_file, reseal
+from damage import flip_file, largest_data_file, reseal, save_epochs
 
 import jaxjob
 from jaxjob._src.checkpoint import checksum, verify
@@ -32,12 +32,7 @@ def __getattr__(name):
 @pytest.fixture
 def saved(tmp_path):
     """A db_prefix with committed epochs 0 and 1 of a small workspace."""
-    prefix = str(tmp_path / "ckpt")
-    ckpt = jaxjob.CheckpointManager(prefix)
-    for epoch in (0, 1):
-        ckpt.save(epoch, jaxjob.Workspace({"w": jnp.arange(4096.0) + epoch, "n": np.int64(3)}))
-    ckpt.close()
-    return prefix
+    return save_epochs(tmp_path / "ckpt", lambda e: {"w": jnp.arange(4096.0) + e, "n": np.int64(3)})
 
 
 def _edit_manifest(path, edit):
@@ -270,10 +265,7 @@ def test_saving_over_an_epoch_linked_outside_deletes_nothing_outside(saved, tmp_
 
 def test_bytes_read_as_another_dtype_of_the_same_size_are_refused(tmp_path):
     """A re-signed, re-sealed manifest declaring uint8[4] as float32[1]: the records say uint8."""
-    prefix = str(tmp_path / "ckpt")
-    ckpt = jaxjob.CheckpointManager(prefix)
-    ckpt.save(0, {"b": np.arange(4, dtype=np.uint8)})
-    ckpt.close()
+    prefix = save_epochs(tmp_path / "ckpt", lambda _: {"b": np.arange(4, dtype=np.uint8)}, [0])
     path = os.path.join(prefix, "local.0")
     _edit_manifest(path, lambda doc: doc["leaves"][0].update(dtype="float32", shape=[1]))
     declared = r"does not declare its leaves as they were saved \(l0: saved as \['uint8', \[4\]\]"
@@ -285,11 +277,8 @@ def test_bytes_read_as_another_dtype_of_the_same_size_are_refused(tmp_path):
 
 def test_bytes_read_as_another_shape_of_the_same_size_are_refused(tmp_path):
     """A re-signed, re-sealed manifest declaring a float32[6] as float32[2, 3] is refused."""
-    prefix = str(tmp_path / "ckpt")
-    ckpt = jaxjob.CheckpointManager(prefix)
-    ckpt.save(0, {"a": np.arange(6, dtype=np.float32), "j": jnp.arange(6.0)})
-    ckpt.close()
-    path = os.path.join(prefix, "local.0")
+    leaves = {"a": np.arange(6, dtype=np.float32), "j": jnp.arange(6.0)}
+    path = os.path.join(save_epochs(tmp_path / "ckpt", lambda _: leaves, [0]), "local.0")
     for leaf in (0, 1):
         _edit_manifest(path, lambda doc, leaf=leaf: doc["leaves"][leaf].update(shape=[2, 3]))
         refused = r"saved as \['float32', \[6\]\]|declares shapes that its stored arrays do not"
