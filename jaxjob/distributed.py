@@ -24,7 +24,8 @@ coordination service"). :func:`initialize` therefore registers an exit
 handler that runs before JAX's own: every other process posts a key and
 disconnects at once, and process 0 keeps the service up until every other
 process has posted (at most :data:`EXIT_WAIT_S` seconds in all: a dead
-process never posts), then :data:`EXIT_GRACE_S` more.
+process never posts) and then disconnected (at most :data:`EXIT_GRACE_S`
+more; it leaves as soon as they have, not after a fixed pause).
 """
 
 from jaxjob._src.multihost.distributed import initialize as initialize

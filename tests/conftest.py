@@ -8,7 +8,8 @@
   program compile once per run. It is only a cache of XLA executables: a hit runs the same
   executable a compile would have produced, so bitwise comparisons are unaffected. (On the CPU
   JAX 0.10 keys the executables of process i > 0 of a multi-process job by their process, and
-  only process 0 writes the cache, so those processes compile every time.)
+  only process 0 writes the cache; the job scripts of ``tests/jobs`` let the others write
+  their own entries too: ``job_start._cache_every_process``.)
 
 With pytest-xdist the controller makes the directory and its workers (child processes that
 inherit the environment) share it. The tests that share an expensive module-scoped run (a
@@ -186,7 +187,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory):
     """A JAX persistent compilation cache for one module's child jobs: each restart compiles
-    little (in a 2-process job only process 0 writes it; the others compile every time)."""
+    little (every process of a multi-process job writes it: ``job_start``)."""
     return {
         "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

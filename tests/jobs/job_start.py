@@ -10,11 +10,15 @@ have been freed otherwise (the modules live until exit either way).
 
 It acts only in the script's own process: a test that imports a job script (``exact_job``,
 ``long_job``) in the pytest process leaves that process's collector alone.
+
+:func:`imported` also lets every process of a multi-process job write the test run's JAX
+compilation cache (see :func:`_cache_every_process`).
 """
 
 import gc
 import os
 import sys
+import warnings
 
 _IN_JOB = os.path.dirname(
     os.path.abspath(getattr(sys.modules["__main__"], "__file__", "") or "")
@@ -23,8 +27,52 @@ if _IN_JOB:
     gc.disable()
 
 
+def _cache_every_process() -> None:
+    """Lets processes other than 0 of a multi-process job write JAX's compilation cache too.
+
+    On the CPU, JAX 0.10 keys what process i > 0 of a multi-process job compiles by that
+    process, and only process 0 writes the persistent cache (to spare shared file systems
+    concurrent writers): the other processes of every 2-process child job compiled all
+    their programs again, ~1.5 s of CPU a run, the biggest single cost of the multi-process
+    tests. Here those processes write their own entries (other keys than process 0's; the
+    same executable a compile gives, so no result changes), through the cache's own write
+    function; only the test jobs do this, when the tests set ``JAX_COMPILATION_CACHE_DIR``.
+    JAX's private module is used with care: if its names change, nothing is patched.
+    """
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    try:
+        from jax._src import compilation_cache, compiler, config, distributed
+    except ImportError:
+        return
+    original = getattr(compiler, "_cache_write", None)
+    put = getattr(compilation_cache, "put_executable_and_time", None)
+    if original is None or put is None or getattr(original, "every_process", False):
+        return
+
+    def write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+        if distributed.global_state.process_id == 0 or host_callbacks:
+            return original(
+                cache_key, compile_time_secs, module_name, backend, executable, host_callbacks
+            )
+        if compile_time_secs < config.persistent_cache_min_compile_time_secs.value:
+            return None
+        try:
+            return put(cache_key, module_name, executable, backend, int(compile_time_secs))
+        except Exception as err:  # as JAX's own write: a cache that cannot be written warns
+            warnings.warn(
+                f"compilation cache entry for {module_name!r} not written: {err!r}", stacklevel=2
+            )
+            return None
+
+    write.every_process = True
+    compiler._cache_write = write
+
+
 def imported() -> None:
     """The script's imports are done: freeze what they made and turn the collector on again."""
+    if _IN_JOB:
+        _cache_every_process()
     if _IN_JOB and not gc.isenabled():
         gc.freeze()
         gc.enable()

@@ -142,6 +142,35 @@ def test_distributed_initialize_joins_under_launch():
     ]
 
 
+SLOW_DISCONNECT = """
+import logging, sys, time
+logging.basicConfig(level=logging.DEBUG, format="LOG %(name)s %(message)s", stream=sys.stdout)
+import jax, jaxjob
+disconnect = jax.distributed.shutdown
+def slow_disconnect():  # process 1 disconnects 0.5 s after it said it leaves
+    time.sleep(0.5)
+    disconnect()
+jax.distributed.shutdown = slow_disconnect
+jaxjob.distributed.initialize()
+print("joined", jax.process_index(), flush=True)
+"""
+
+
+def test_process_0_leaves_once_the_others_have_disconnected(tmp_path):
+    """Process 0 keeps the service up until a late disconnect arrives, then leaves at once.
+
+    Were the service gone first, process 1 would abort ("Failed to disconnect from
+    coordination service"); were the wait a fixed pause, the debug line of a wait that
+    ran out would not tell it apart: the line is absent because the disconnect ended it.
+    """
+    (tmp_path / "exit.py").write_text(SLOW_DISCONNECT)
+    proc = _launch("-n", "2", "--", sys.executable, str(tmp_path / "exit.py"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[process=1] joined 1" in proc.stdout and "[process=0] joined 0" in proc.stdout
+    assert "Failed to disconnect" not in proc.stdout + proc.stderr
+    assert "still connected" not in proc.stdout
+
+
 def test_empty_command_is_a_usage_error(capsys):
     """launch with no command returns 2 and says what is missing."""
     assert jaxjob.cli.main(["launch", "-n", "2", "--"]) == 2

@@ -92,3 +92,40 @@ def test_temporaries_of_a_killed_save_are_removed_by_the_next_writer(tmp_path):
     assert _listing(tmp_path / "ckpt") == [f"local.{e}" for e in range(9)]
     reference(tmp_path / "ref.npz", size=SIZE)
     _same_workspace(tmp_path / "ref.npz", tmp_path / "out.npz")
+
+
+def test_what_a_failed_save_left_after_its_removal_goes_at_the_next_save_and_at_close(
+    tmp_path, monkeypatch
+):
+    """A temporary made after a failed save was cleaned up is removed again later.
+
+    A save fails as soon as one of its writes does, while Orbax's and TensorStore's
+    threads may still create its directories (a full tmpfs once left
+    ``local.6.orbax-checkpoint-tmp`` so): the writer removes a failed save's
+    temporaries again before its next save and when it closes. The late directory is
+    made by hand here, where such a thread would make it.
+    """
+    import jax.numpy as jnp
+
+    monkeypatch.setenv(faults.FAIL_AT_ENV, "save.commit:2")  # the save of epoch 1 fails
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"w": jnp.arange(8.0)})
+    ckpt.save(1, {"w": jnp.arange(8.0) + 1})
+    with pytest.raises(jaxjob.CheckpointSaveError, match="epoch 1 .*injected I/O error"):
+        ckpt.wait_until_finished()
+    late = tmp_path / "local.1.orbax-checkpoint-tmp-1" / "state" / "d"
+    late.mkdir(parents=True)
+    ckpt.save(2, {"w": jnp.arange(8.0) + 2})
+    ckpt.wait_until_finished()
+    assert not late.parent.parent.exists()
+
+    monkeypatch.setenv(faults.FAIL_AT_ENV, "save.commit:4")  # and the save of epoch 3
+    ckpt.save(3, {"w": jnp.arange(8.0) + 3})
+    with pytest.raises(jaxjob.CheckpointSaveError, match="epoch 3 .*injected I/O error"):
+        ckpt.wait_until_finished()
+    late = tmp_path / "local.3.orbax-checkpoint-tmp-7"
+    late.mkdir()
+    ckpt.close()
+    assert not late.exists()
+    assert _listing(tmp_path) == ["local.0", "local.2"]
+    assert ckpt.committed_epochs() == [0, 2]

@@ -36,7 +36,7 @@ from jaxjob._src.checkpoint.layout import (
 )
 from jaxjob._src.manager import keep
 
-__all__ = ["Retention", "delete_epoch", "metrics_of", "remove_failed", "sweep"]
+__all__ = ["FailedSaves", "Retention", "delete_epoch", "metrics_of", "remove_failed", "sweep"]
 
 logger = get_logger(__name__)
 
@@ -201,16 +201,59 @@ def _asides(path: str, marker: str) -> list[str]:
     return [fs.join(parent, n) for n in fs.listdir(parent) if n.startswith(base + marker)]
 
 
-def remove_failed(path: str) -> None:
-    """Removes what a failed save of the checkpoint ``path`` left (never the committed one)."""
+def remove_failed(path: str) -> bool:
+    """Removes what a failed save of the checkpoint ``path`` left (never the committed one).
+
+    Returns:
+        Whether nothing is left (a removal that failed is logged).
+    """
     leftovers = _asides(path, TMP_SUFFIX)
     if fs.is_remote(path) and fs.exists(path) and not is_committed(path):
         leftovers.append(path)
+    removed = True
     for leftover in leftovers:
         try:
             fs.rmtree(leftover)
         except OSError as err:
             logger.warning("Could not remove %s of a failed save: %s", leftover, err)
+            removed = False
+    return removed
+
+
+class FailedSaves:
+    """What this writer's failed saves left, removed when they fail and once more later.
+
+    A save can fail while Orbax's and TensorStore's threads are still at work
+    on it (a failure surfaces as soon as one write fails; a directory is still
+    being created in the background): a directory made after the first
+    removal would stay behind (seen once under a full tmpfs). So the paths of
+    failed saves are removed again before the next save starts and when the
+    writer closes, once those threads are done.
+    """
+
+    def __init__(self) -> None:
+        self._paths: list[str] = []
+
+    def remove(self, path: str) -> None:
+        """Removes what the failed save of ``path`` left, and remembers it for :meth:`retry`."""
+        remove_failed(path)
+        if path not in self._paths:
+            self._paths.append(path)
+
+    def retry(self, busy: str | None = None) -> None:
+        """Removes again what the failed saves left, but for ``busy`` (a save in flight now).
+
+        Paths that hold nothing more are forgotten.
+        """
+        self._paths = [p for p in self._paths if p == busy or not _retried(p)]
+
+
+def _retried(path: str) -> bool:
+    try:
+        return remove_failed(path)
+    except OSError as err:  # the listing itself failed: try again next time
+        logger.warning("Could not list the leftovers of the failed save %s: %s", path, err)
+        return False
 
 
 def sweep(db_prefix: str, node_name: str, writing: int | None = None) -> list[str]:

@@ -89,6 +89,7 @@ class NodeWriter:
         self._saver: ocp.Checkpointer | None = None
         self._pending: Pending | None = None
         self._lock: lock.Handle | None = None
+        self._failed = retention.FailedSaves()
         self._run: str | None = None  # the db_prefix's run id, read (or created) by the first save
 
     @property
@@ -266,6 +267,7 @@ class NodeWriter:
     def _start(self, plan: SavePlan) -> CheckpointSaveError | None:
         """Starts the Orbax save on this process; returns its failure, if any."""
         epoch, path, pending = plan.epoch, plan.path, plan.pending
+        self._remove_failed(None)  # what earlier failed saves' threads left after them
         self.last = (path, Stats(epoch, plan.bytes))
         deferred = preemption.DeferredInterrupt()
         try:
@@ -372,9 +374,14 @@ class NodeWriter:
         self._saver = None
         return True
 
-    def _remove_failed(self, path: str) -> None:
-        if self.deletes:
-            retention.remove_failed(path)
+    def _remove_failed(self, path: str | None) -> None:
+        """Removes what the failed save of ``path`` left; None: again for earlier ones."""
+        if not self.deletes:
+            return
+        if path is None:
+            self._failed.retry(busy=self._pending.db if self._pending else None)
+        else:
+            self._failed.remove(path)
 
     def load(
         self,
@@ -394,6 +401,8 @@ class NodeWriter:
         if self._saver is not None:
             self._saver.close()
         self._saver = None
+        if self._lock is not None:
+            self._remove_failed(None)
         self.reader.close()
         if self._lock is not None:
             self._lock.release()

@@ -6,8 +6,11 @@ Public as :mod:`jaxjob.distributed`, whose docstring says more.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import threading
 import time
+from typing import Any
 
 import jax
 
@@ -23,7 +26,7 @@ ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_RECOVERABILITY = "JAX_ENABLE_RECOVERABILITY"  # set: jaxjob leaves JAX's choice alone
 EXIT_WAIT_S = 30.0  # how long process 0 keeps the service up for the others to leave
-EXIT_GRACE_S = 1.0  # after the last one said it leaves: time for its disconnect to arrive
+EXIT_GRACE_S = 1.0  # after the last one said it leaves: the most to wait for its disconnect
 _EXIT_KEY = "jaxjob/exit"
 _CLUSTER_ENV = (
     "SLURM_JOB_ID",
@@ -132,4 +135,25 @@ def _orderly_exit() -> None:
                 EXIT_WAIT_S,
             )
             return
-    time.sleep(EXIT_GRACE_S)
+    _await_disconnects(client, list(range(jax.process_count())))
+
+
+def _await_disconnects(client: Any, processes: list[int]) -> None:
+    """Returns once only this process is connected to the service, or after EXIT_GRACE_S.
+
+    The service answers ``get_live_nodes`` once every connected process in the
+    list has asked it or has disconnected: the others never ask, so it answers
+    when they are gone (in ~1 ms once they are; a fixed pause cost every
+    multi-process job 1 s at exit). It has no timeout of its own, so it is
+    asked from a daemon thread.
+    """
+    answered = threading.Event()
+
+    def ask() -> None:
+        with contextlib.suppress(jax.errors.JaxRuntimeError):  # the service went down: no wait
+            client.get_live_nodes(processes)
+        answered.set()
+
+    threading.Thread(target=ask, name="jaxjob-exit", daemon=True).start()
+    if not answered.wait(EXIT_GRACE_S):
+        logger.debug("other processes still connected %.1f s after leaving", EXIT_GRACE_S)
