@@ -211,3 +211,54 @@ def test_a_checkpoint_deleted_while_it_is_checked_is_missing_not_corrupt(saved, 
     shutil.rmtree(path)
     with pytest.raises(FileNotFoundError, match="was deleted while it was being read"):
         files.check(path)
+
+
+def test_on_local_disk_the_leaves_are_hashed_once_written_while_the_commit_flushes(
+    tmp_path, monkeypatch
+):
+    """The hash starts at the commit, when every data file is written (not beside the write).
+
+    Hashed while Orbax wrote, the hash took CPU and memory bandwidth from the write;
+    the commit's flush waits on the disk (``benchmarks/checksum_cost.py``).
+    """
+    from jaxjob._src.base import fs
+
+    seen = []
+    compute, flush = checksum._compute, fs.fsync_tree
+
+    def hashed(shards):
+        data = [p for p in tmp_path.glob("local.0.orbax-checkpoint-tmp*/state/**/*") if p.is_file()]
+        seen.append(("hash", sum(p.stat().st_size for p in data)))
+        return compute(shards)
+
+    def flushed(path):
+        seen.append(("flush", path))
+        return flush(path)
+
+    monkeypatch.setattr(checksum, "_compute", hashed)
+    monkeypatch.setattr(fs, "fsync_tree", flushed)
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"w": jnp.arange(100_000.0)})
+    ckpt.wait_until_finished()
+    assert sorted(kind for kind, _ in seen) == ["flush", "hash"]
+    assert dict(seen)["hash"] >= 400_000  # the 100,000 float32 values were written before
+    assert ckpt.verify(0) == []
+    assert os.path.exists(tmp_path / "local.0" / "jaxjob" / "checksums.0.json")
+    ckpt.close()
+
+
+def test_a_save_failing_before_its_commit_leaves_no_host_copies_behind(tmp_path, monkeypatch):
+    """The host copies held for a commit's hash are let go when that save fails first."""
+    from jaxjob._src.base import faults
+    from jaxjob._src.internals import orbax_private
+
+    monkeypatch.setenv(faults.FAIL_AT_ENV, "save.commit:1")
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"w": jnp.arange(1000.0)})
+    with pytest.raises(jaxjob.CheckpointSaveError, match="epoch 0 .*injected I/O error"):
+        ckpt.wait_until_finished()
+    ckpt.save(1, {"w": jnp.arange(1000.0) + 1})
+    ckpt.wait_until_finished()
+    assert orbax_private._checksums_at_commit == {}
+    assert ckpt.committed_epochs() == [1] and ckpt.verify(1) == []
+    ckpt.close()

@@ -3,7 +3,10 @@
 When a checkpoint is saved, each process takes the host copy of every
 shard it writes (its replica-0 shards of each ``jax.Array``, its host-local
 rows, or, in a private checkpoint, whole NumPy arrays) and hashes it with
-CRC-32C in a background thread, while Orbax writes (:func:`digest`). Its records go to
+CRC-32C in a background thread (:func:`digest`): on local disk while the
+commit flushes the written files (the CPU waits on the disk then; hashed
+while Orbax wrote, the hash took CPU and memory bandwidth from the write),
+elsewhere while Orbax writes. Its records go to
 ``<checkpoint>/jaxjob/checksums.<process>.json`` (which carries its own
 checksum) before the checkpoint commits; the manifest names those files and
 carries its own checksum too. The logical bytes are hashed, not the files,
@@ -24,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -99,16 +103,41 @@ def _compute(shards: dict[str, list[tuple[Index, np.ndarray]]]) -> dict[str, lis
     }
 
 
-def start(encoded: Mapping[str, Mapping[str, Any]]) -> concurrent.futures.Future:
-    """Takes the host copies of what this process writes and hashes them in the background.
+class Checksums:
+    """This process's shard checksums: hashed in the background once asked for.
+
+    The host copies are taken when the save starts (:func:`start`); the hash
+    starts at :meth:`start` or at the first :meth:`result`.
+    """
+
+    def __init__(self, shards: dict[str, list[tuple[Index, np.ndarray]]]) -> None:
+        self._shards: dict[str, list[tuple[Index, np.ndarray]]] | None = shards
+        self._future: concurrent.futures.Future | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> concurrent.futures.Future:
+        """Starts hashing in the background (once); the future of its records."""
+        with self._lock:
+            if self._future is None:
+                self._future = _executor.submit(_compute, self._shards)
+                self._shards = None  # the hash holds them until it is done
+            return self._future
+
+    def result(self) -> dict[str, list[Any]]:
+        """The JSON records (stored name -> ``[[index ranges], crc, dtype]`` list)."""
+        return self.start().result()
+
+
+def start(encoded: Mapping[str, Mapping[str, Any]]) -> Checksums:
+    """Takes the host copies of what this process writes, to be hashed in the background.
 
     Returns:
-        A future of the JSON records, stored name -> ``[[index ranges], crc, dtype]`` list
-        (the dtype of the bytes hashed, so that bytes read as another dtype of the same
-        size, as a re-signed manifest could declare, do not pass).
+        Their checksums, once asked for: stored name -> ``[[index ranges], crc, dtype]``
+        lists (the dtype of the bytes hashed, so that bytes read as another dtype of the
+        same size, as a re-signed manifest could declare, do not pass).
     """
     shards = {name: host_shards(v) for leaves in encoded.values() for name, v in leaves.items()}
-    return _executor.submit(_compute, shards)
+    return Checksums(shards)
 
 
 def _declared(leaves: Any) -> dict[str, list[Any]]:
@@ -117,7 +146,9 @@ def _declared(leaves: Any) -> dict[str, list[Any]]:
 
 
 def records_text(
-    future: concurrent.futures.Future, epoch: int, declared: Mapping[str, Any] | None = None
+    future: Checksums | concurrent.futures.Future,
+    epoch: int,
+    declared: Mapping[str, Any] | None = None,
 ) -> str:
     """The checksum file of this process, once its checksums are computed.
 
@@ -135,7 +166,7 @@ def records_text(
 class PendingManifest(dict):
     """A manifest document whose process's checksum file is written once computed."""
 
-    def __init__(self, doc: Mapping[str, Any], future: concurrent.futures.Future, epoch: int):
+    def __init__(self, doc: Mapping[str, Any], future: Checksums, epoch: int):
         super().__init__(doc)
         self.checksums = future
         self.epoch = epoch

@@ -63,7 +63,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
-from orbax.checkpoint._src.path import async_path, atomicity
+from orbax.checkpoint._src.path import async_path, atomicity, atomicity_types
 from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
 
 from jaxjob._src.base import faults, file_table, fs
@@ -114,10 +114,50 @@ _flushed_at_commit: set[str] = set()
 _flushed_lock = threading.Lock()
 
 
+# Checksum files that a DurableRename writes at its commit, by temporary directory: (the
+# folder, the PendingManifest). This process's leaves are hashed while the commit flushes
+# the written files, when the CPU waits on the disk; hashed while Orbax wrote, the hash took
+# CPU and memory bandwidth from the write (benchmarks/checksum_cost.py).
+_checksums_at_commit: dict[str, list[tuple[str, Any]]] = {}
+
+
+def _commit_root(directory: str) -> str | None:
+    """The temporary directory that DurableRename will flush holding ``directory``, if any."""
+    with _flushed_lock:
+        for root in _flushed_at_commit:
+            if directory == root or directory.startswith(root + "/"):
+                return root
+    return None
+
+
 def _flushed_at_commit_under(directory: str) -> bool:
     """Whether ``directory`` lies in a temporary directory that DurableRename will flush."""
+    return _commit_root(directory) is not None
+
+
+def _defer_checksums(root: str, directory: str, doc: Any) -> None:
+    """Leaves the checksum file of ``doc`` to the commit of ``root``.
+
+    Entries of saves that failed before their commit (their directory is gone:
+    removed as a failed save's leftovers) are dropped here, with the host
+    copies they hold.
+    """
     with _flushed_lock:
-        return any(directory == d or directory.startswith(d + "/") for d in _flushed_at_commit)
+        for stale in [r for r in _checksums_at_commit if not os.path.isdir(r)]:
+            del _checksums_at_commit[stale]
+        _checksums_at_commit.setdefault(root, []).append((directory, doc))
+
+
+def _write_checksums(root: str, directory: str, doc: Any) -> None:
+    """Waits for this process's checksums and writes their file (flushed).
+
+    ``directory`` is where the item was written: under ``root``, in Orbax's
+    temporary folder of the item, which has its final name by the commit.
+    """
+    parts = os.path.relpath(directory, root).split(os.sep)
+    folder = os.path.join(root, *(p.split(atomicity_types.TMP_DIR_SUFFIX)[0] for p in parts))
+    name, text = doc.checksum_file()
+    fs.write_new(os.path.join(folder, name), text)
 
 
 class DurableRename(atomicity.AtomicRenameTemporaryPath):
@@ -139,18 +179,26 @@ class DurableRename(atomicity.AtomicRenameTemporaryPath):
         return await super().create()
 
     async def finalize(self) -> None:
-        """Writes the commit marker, flushes everything, renames, flushes the parent."""
+        """Writes the checksum and commit files, flushes everything, renames, flushes the parent."""
         try:
             await self._commit()
         finally:
             with _flushed_lock:
                 _flushed_at_commit.discard(os.fspath(self._tmp_path))
+                _checksums_at_commit.pop(os.fspath(self._tmp_path), None)
 
     async def _commit(self) -> None:
         await _update_commit_time(self._checkpoint_metadata_store, self._tmp_path)
         tmp, final = os.fspath(self._tmp_path), os.fspath(self._final_path)
         marker = f"Checkpoint commit was successful to {self._final_path}"
-        await asyncio.to_thread(fs.fsync_tree, tmp)
+        with _flushed_lock:
+            deferred = _checksums_at_commit.pop(tmp, [])
+        for _, doc in deferred:
+            doc.checksums.start()  # hashed while the written files are flushed
+        await asyncio.gather(
+            asyncio.to_thread(fs.fsync_tree, tmp),
+            *(asyncio.to_thread(_write_checksums, tmp, item, doc) for item, doc in deferred),
+        )
         await asyncio.to_thread(_write_table, tmp, marker)
         await asyncio.to_thread(fs.write_new, os.path.join(tmp, COMMIT_FILE), marker)
         await asyncio.to_thread(fs.fsync_dir, tmp)
@@ -331,14 +379,21 @@ class ManifestHandler(ocp.JsonCheckpointHandler):
 
     A document with a ``checksum_file()`` method
     (:class:`jaxjob._src.checkpoint.checksum.PendingManifest`) gives this process's
-    file, waiting in Orbax's background thread for its checksums.
+    file: written by the commit of a :class:`DurableRename` that this process runs
+    (hashed while the commit flushes the data), else here, waiting in Orbax's
+    background thread for its checksums.
     """
 
     async def _save_fn(self, x: Any, directory: epath.Path) -> None:
         await super()._save_fn(dict(x), directory)
-        if hasattr(x, "checksum_file"):
-            name, text = await asyncio.to_thread(x.checksum_file)
-            await async_path.write_text(directory / name, text)
+        if not hasattr(x, "checksum_file"):
+            return
+        root = None if fs.is_remote(os.fspath(directory)) else _commit_root(os.fspath(directory))
+        if root is not None:  # this process commits it: the file is written at the commit
+            _defer_checksums(root, os.fspath(directory), x)
+            return
+        name, text = await asyncio.to_thread(x.checksum_file)
+        await async_path.write_text(directory / name, text)
 
 
 # Orbax records each item handler's class path (``__module__`` + ``__qualname__``) in every
