@@ -31,6 +31,7 @@ _EXPORTS = {  # public name -> the module defining it
     "MultiNodeCheckpointManager": "jaxjob._src.manager.multinode",
     "restore": "jaxjob._src.checkpoint.restore",
     "JobRunner": "jaxjob._src.run.runner",
+    "AutoInterval": "jaxjob._src.run.auto_interval",
     "Session": "jaxjob._src.core.session",
     "Node": "jaxjob._src.core.task",
     "Task": "jaxjob._src.core.task",
@@ -68,6 +69,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; the same names as _EXPORTS
     )
     from jaxjob._src.manager.shared import CheckpointOptions as CheckpointOptions
     from jaxjob._src.multihost.hosts import HostTimeoutError as HostTimeoutError
+    from jaxjob._src.run.auto_interval import AutoInterval as AutoInterval
     from jaxjob._src.run.runner import JobRunner as JobRunner
     from jaxjob._src.run.upload import UploadTaskGroupBuilder as UploadTaskGroupBuilder
 

@@ -184,6 +184,15 @@ def pytest_terminal_summary(terminalreporter):
     write("processes per program: " + ", ".join(f"{p} {n}" for p, n in programs.most_common()))
 
 
+@pytest.fixture(autouse=True)
+def _fail_points_counted_per_test():
+    """``JAXJOB_FAIL_AT=point:n`` set by a test in this process counts that test's passes only
+    (an xdist worker runs many tests: another's passes of the same point would shift n)."""
+    from jaxjob._src.base import faults
+
+    faults.reset()
+
+
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory):
     """A JAX persistent compilation cache for one module's child jobs: each restart compiles

@@ -10,6 +10,7 @@ import jaxjob
 
 # public name -> the module defining it (for a public module: its own name)
 PUBLIC = {
+    "AutoInterval": "jaxjob._src.run.auto_interval",
     "CheckpointInUseError": "jaxjob._src.base.errors",
     "CheckpointManager": "jaxjob._src.manager.checkpoint_manager",
     "CheckpointOptions": "jaxjob._src.manager.shared",

@@ -356,6 +356,14 @@ CASES = [
         lambda p, t: jaxjob.CheckpointManager(p, node_name=5),
     ),
     Case(
+        '`JobRunner(save_every="auto")` without `mtbf_hours=`, or with `save_every_seconds=`',
+        "`ValueError` naming what the cost model needs, or the clash",
+        "state the job's mean time between failures: `mtbf_hours=`",
+        ValueError,
+        r"save_every='auto' needs mtbf_hours= \(the job's mean time between failures\)",
+        lambda p, t: jaxjob.JobRunner(jaxjob.Job(), save_every="auto"),
+    ),
+    Case(
         "a checkpoint file damaged outside the arrays (`_CHECKPOINT_METADATA`, "
         "`array_metadatas/*`, an OCDBT manifest): changed, truncated, deleted or another epoch's",
         "`CorruptCheckpointError` naming the file; `jaxjob verify` exits 1; auto-resume falls "

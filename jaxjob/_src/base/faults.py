@@ -19,7 +19,7 @@ import errno
 import os
 import signal
 
-__all__ = ["FAIL_AT_ENV", "KILL_AT_ENV", "POINTS", "point"]
+__all__ = ["FAIL_AT_ENV", "KILL_AT_ENV", "POINTS", "point", "reset"]
 
 KILL_AT_ENV = "JAXJOB_KILL_AT"
 FAIL_AT_ENV = "JAXJOB_FAIL_AT"
@@ -56,3 +56,13 @@ def point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if _now(FAIL_AT_ENV, name):
         raise OSError(errno.EIO, f"injected I/O error at the fail point {name!r}")
+
+
+def reset() -> None:
+    """Counts every point from zero again: for a process that sets the variables anew.
+
+    The ``n`` of ``"<name>:<n>"`` counts the passes since the process started
+    (or since this call): a test that sets ``JAXJOB_FAIL_AT`` in its own process
+    after another test passed that point calls this first.
+    """
+    _reached.clear()

@@ -7,6 +7,7 @@ import dataclasses
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.manager.shared import Manager
 from jaxjob._src.multihost import hosts
+from jaxjob._src.run.auto_interval import AutoInterval
 from jaxjob._src.run.interval import SaveClock, SaveInterval
 from jaxjob._src.run.save_failures import SaveFailures
 
@@ -29,7 +30,7 @@ def agree_boundary(
     *,
     stop: bool,
     preempted: bool,
-    interval: SaveInterval,
+    interval: SaveInterval | AutoInterval,
     clock: SaveClock,
     failures: SaveFailures,
     manager: Manager | None,

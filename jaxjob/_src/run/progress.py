@@ -30,7 +30,7 @@ import numpy as np
 
 __all__ = ["Progress", "check_names", "format_line"]
 
-RESERVED = ("epoch", "epoch_time_s", "save_time_s")  # history keys of every record
+RESERVED = ("epoch", "epoch_time_s", "save_time_s", "save_interval_s")  # history keys
 SAVE_FAILED = "save_failed"  # the key, only in a record whose save met failures: their epochs
 
 

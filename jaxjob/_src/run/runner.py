@@ -25,7 +25,8 @@ from jaxjob._src.manager.shared import Manager
 from jaxjob._src.multihost import hosts
 from jaxjob._src.run import shardings
 from jaxjob._src.run.agreement import Boundary, agree_boundary, any_process
-from jaxjob._src.run.interval import SaveClock, SaveInterval
+from jaxjob._src.run.auto_interval import AutoInterval, save_policy
+from jaxjob._src.run.interval import SaveClock
 from jaxjob._src.run.progress import Progress, check_names
 from jaxjob._src.run.resume import restore_targets, resume_epoch
 from jaxjob._src.run.save_failures import SAVE_ERROR_POLICIES, SaveFailures
@@ -67,6 +68,13 @@ class JobRunner:
             process. Epoch 0, the final epoch and a preempted epoch are
             always saved. Auto-resume takes the newest committed epoch, so
             the epochs after it run again (and reach the same values).
+        save_every: ``"auto"`` (with ``mtbf_hours``) or a
+            :class:`jaxjob.AutoInterval`: the interval is chosen from the
+            measured cost of a save and the stated failure rate (Daly's
+            optimum, see :class:`jaxjob.AutoInterval`), in place of
+            ``save_every_epochs`` and ``save_every_seconds``.
+        mtbf_hours: The job's mean time between failures, for
+            ``save_every="auto"``.
         preemption_signals: From the start of ``train`` until the last
             epoch's save has committed, these signals ask for a preemption:
             the running epoch finishes, is saved (whatever the interval) and
@@ -92,6 +100,7 @@ class JobRunner:
             ``"epoch"``, the ``progress`` names' values (floats),
             ``"epoch_time_s"`` (the epoch group and its save) and
             ``"save_time_s"`` (the part the training thread spent saving),
+            with ``save_every="auto"`` ``"save_interval_s"`` (the interval then),
             and, after a save failure surfaced during that epoch's save,
             ``"save_failed"`` (the failed epochs; the progress line shows
             ``save FAILED``).
@@ -124,6 +133,8 @@ class JobRunner:
         mesh: jax.sharding.Mesh | None = None,
         save_every_epochs: int | None = 1,
         save_every_seconds: float | None = None,
+        save_every: Literal["auto"] | AutoInterval | None = None,
+        mtbf_hours: float | None = None,
         preemption_signals: Sequence[signal.Signals | int] = (signal.SIGTERM,),
     ) -> None:
         if on_save_error not in SAVE_ERROR_POLICIES:
@@ -151,8 +162,8 @@ class JobRunner:
         self.history: list[dict[str, Any]] = []
         self._progress = Progress(None, self.history)
         self._warned: set[str] = set()
-        self.save_interval = SaveInterval(
-            every_epochs=save_every_epochs, every_seconds=save_every_seconds
+        self.save_interval = save_policy(
+            save_every, mtbf_hours, save_every_epochs, save_every_seconds
         )
         self.preemption_signals = check_signals(preemption_signals)
         self._clock = SaveClock()
@@ -256,7 +267,9 @@ class JobRunner:
             session.run(self.job.init_group)
             if manager is not None:
                 manager.init(self._nodes(), key_nodes=session.key_nodes)
+                saving = time.perf_counter()
                 self.save_checkpoints(0, session)
+                self._saved(time.perf_counter() - saving)
             return 0, False
         if manager is None:
             raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
@@ -306,9 +319,19 @@ class JobRunner:
             self._clock.saved(epoch)
             self.save_checkpoints(epoch, session, outputs=outputs)
             save_time_s = time.perf_counter() - saving
+            self._saved(save_time_s)
         epoch_time_s = time.perf_counter() - started
-        self._progress.epoch_done(epoch, run, epoch_time_s=epoch_time_s, save_time_s=save_time_s)
+        record = self._progress.epoch_done(
+            epoch, run, epoch_time_s=epoch_time_s, save_time_s=save_time_s
+        )
+        if isinstance(self.save_interval, AutoInterval):
+            record["save_interval_s"] = self.save_interval.seconds
         return boundary
+
+    def _saved(self, save_time_s: float) -> None:
+        """A save took ``save_time_s`` of the training thread: the cost an auto interval uses."""
+        if isinstance(self.save_interval, AutoInterval):
+            self.save_interval.record(save_time_s)
 
     def _run_final_groups(self, epoch: int, session: Session) -> None:
         if self.upload_task_group_builder is not None:
