@@ -56,12 +56,16 @@ def test_resume_after_skipped_epochs_runs_them_again(tmp_path):
 
 def test_time_interval_saves_on_process_0s_clock(tmp_path):
     """With 0.5 s epochs and save_every_seconds=1.6, at most 4 epochs pass between saves and
-    the epoch right after a save is not saved; the larger epoch interval does not hold them back."""
+    the epoch right after a save is not saved; the larger epoch interval does not hold them back.
+
+    The first gap is only bounded above: epoch 1 also compiles the epoch program after epoch
+    0's first save, which took over 1.1 s once on 2 loaded cores, making epoch 1 due.
+    """
     job = _job(9, sleep_s=0.5)
     last, committed = _train(tmp_path, job, save_every_epochs=20, save_every_seconds=1.6)
     assert last == 9 and committed[0] == 0 and committed[-1] == 9
     gaps = np.diff(committed[:-1]).tolist()  # the final save is not due to the clock
-    assert gaps and all(2 <= gap <= 4 for gap in gaps), committed
+    assert gaps and 1 <= gaps[0] <= 4 and all(2 <= gap <= 4 for gap in gaps[1:]), committed
     assert 9 - committed[-2] <= 4
 
 

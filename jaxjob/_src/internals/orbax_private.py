@@ -25,8 +25,10 @@ one folder:
   Orbax's NumPy handler writes only on the primary host, with no option to
   write on the calling process; :class:`_ThisProcessNumpyHandler` overrides it.
 * **Checksum files** (:class:`ManifestHandler`). Each process writes its
-  checksums beside the manifest once its background thread has computed them,
-  inside Orbax's write, so they commit with the checkpoint. The JSON handler
+  checksums beside the manifest, so they commit with the checkpoint: the
+  process that commits a local directory from its :class:`DurableRename`,
+  hashing while the commit flushes the data; every other one inside Orbax's
+  write, once its background thread has computed them. The JSON handler
   writes on the primary host only and has no hook for that; its private
   ``_save_fn`` is overridden.
 * **Restore without a second copy on CPU**
@@ -109,7 +111,8 @@ _check_version()
 
 # Temporary directories that a DurableRename is writing: every file under them is fsynced by
 # its finalize before the commit, so TensorStore need not fsync them as it writes. A save that
-# fails before its finalize leaves its entry: harmless, as only a DurableRename commits there.
+# fails before its finalize leaves its entry (a string; only a DurableRename commits there);
+# its deferred checksums are dropped (forget_checksums, and when the directory is made again).
 _flushed_at_commit: set[str] = set()
 _flushed_lock = threading.Lock()
 
@@ -139,13 +142,25 @@ def _defer_checksums(root: str, directory: str, doc: Any) -> None:
     """Leaves the checksum file of ``doc`` to the commit of ``root``.
 
     Entries of saves that failed before their commit (their directory is gone:
-    removed as a failed save's leftovers) are dropped here, with the host
-    copies they hold.
+    removed as a failed save's leftovers) are dropped here too, with the host
+    copies they hold, should :func:`forget_checksums` not have been called.
     """
     with _flushed_lock:
         for stale in [r for r in _checksums_at_commit if not os.path.isdir(r)]:
             del _checksums_at_commit[stale]
         _checksums_at_commit.setdefault(root, []).append((directory, doc))
+
+
+def forget_checksums(path: str) -> None:
+    """Drops the checksums deferred to the commit of a save of ``path`` that failed.
+
+    They hold this process's host copies of what it wrote: released at the
+    failure, not at the next save (which would hold two sets at once).
+    """
+    prefix = os.fspath(path) + atomicity_types.TMP_DIR_SUFFIX
+    with _flushed_lock:
+        for root in [r for r in _checksums_at_commit if r.startswith(prefix)]:
+            del _checksums_at_commit[root]
 
 
 def _write_checksums(root: str, directory: str, doc: Any) -> None:
@@ -176,6 +191,7 @@ class DurableRename(atomicity.AtomicRenameTemporaryPath):
         install()  # the kvstore spec that skips them
         with _flushed_lock:
             _flushed_at_commit.add(os.fspath(self._tmp_path))
+            _checksums_at_commit.pop(os.fspath(self._tmp_path), None)  # a failed save's, if any
         return await super().create()
 
     async def finalize(self) -> None:

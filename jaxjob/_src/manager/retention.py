@@ -235,9 +235,13 @@ class FailedSaves:
         self._paths: list[str] = []
 
     def remove(self, path: str) -> None:
-        """Removes what the failed save of ``path`` left, and remembers it for :meth:`retry`."""
+        """Removes what the failed save of ``path`` left, and remembers it for :meth:`retry`.
+
+        Only local paths are retried: on object stores a saver that stopped
+        answering may still be writing (the lock's sweep removes its leftovers).
+        """
         remove_failed(path)
-        if path not in self._paths:
+        if path not in self._paths and not fs.is_remote(path):
             self._paths.append(path)
 
     def retry(self, busy: str | None = None) -> None:
@@ -251,7 +255,7 @@ class FailedSaves:
 def _retried(path: str) -> bool:
     try:
         return remove_failed(path)
-    except OSError as err:  # the listing itself failed: try again next time
+    except Exception as err:  # a cleanup retried later must not fail the save it precedes
         logger.warning("Could not list the leftovers of the failed save %s: %s", path, err)
         return False
 

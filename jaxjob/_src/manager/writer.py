@@ -376,6 +376,8 @@ class NodeWriter:
 
     def _remove_failed(self, path: str | None) -> None:
         """Removes what the failed save of ``path`` left; None: again for earlier ones."""
+        if path is not None:
+            orbax_private.forget_checksums(path)  # the host copies its commit would hash
         if not self.deletes:
             return
         if path is None:

@@ -6,7 +6,6 @@ Public as :mod:`jaxjob.distributed`, whose docstring says more.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import threading
 import time
@@ -26,7 +25,7 @@ ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_RECOVERABILITY = "JAX_ENABLE_RECOVERABILITY"  # set: jaxjob leaves JAX's choice alone
 EXIT_WAIT_S = 30.0  # how long process 0 keeps the service up for the others to leave
-EXIT_GRACE_S = 1.0  # after the last one said it leaves: the most to wait for its disconnect
+EXIT_GRACE_S = 5.0  # after the last one said it leaves: the most to wait for its disconnect
 _EXIT_KEY = "jaxjob/exit"
 _CLUSTER_ENV = (
     "SLURM_JOB_ID",
@@ -148,12 +147,17 @@ def _await_disconnects(client: Any, processes: list[int]) -> None:
     asked from a daemon thread.
     """
     answered = threading.Event()
+    failed: list[Exception] = []
 
     def ask() -> None:
-        with contextlib.suppress(jax.errors.JaxRuntimeError):  # the service went down: no wait
+        try:
             client.get_live_nodes(processes)
+        except Exception as err:  # the service went down: nothing left to wait for
+            failed.append(err)
         answered.set()
 
     threading.Thread(target=ask, name="jaxjob-exit", daemon=True).start()
     if not answered.wait(EXIT_GRACE_S):
         logger.debug("other processes still connected %.1f s after leaving", EXIT_GRACE_S)
+    elif failed:
+        logger.debug("waiting for the others to disconnect failed: %r", failed[0])

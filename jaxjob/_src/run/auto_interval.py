@@ -162,6 +162,10 @@ def save_policy(
                 f"mtbf_hours={mtbf_hours!r} is only used with save_every='auto'; pass both"
             )
         return SaveInterval(every_epochs=every_epochs, every_seconds=every_seconds)
+    if not isinstance(save_every, AutoInterval) and save_every != "auto":
+        raise ValueError(
+            f"save_every must be None, 'auto' or a jaxjob.AutoInterval, got {save_every!r}"
+        )
     if every_seconds is not None or every_epochs not in (1, None):
         raise ValueError(
             f"save_every={save_every!r} chooses the interval itself; leave save_every_epochs "
@@ -171,10 +175,6 @@ def save_policy(
         if mtbf_hours is not None:
             raise ValueError("pass mtbf_hours to the AutoInterval, not to the runner as well")
         return save_every
-    if save_every != "auto":
-        raise ValueError(
-            f"save_every must be None, 'auto' or a jaxjob.AutoInterval, got {save_every!r}"
-        )
     if mtbf_hours is None:
         raise ValueError(
             "save_every='auto' needs mtbf_hours= (the job's mean time between failures)"
