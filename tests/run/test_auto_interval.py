@@ -72,8 +72,12 @@ def test_a_long_mtbf_saves_only_the_first_and_final_epochs(tmp_path, caplog):
 
 
 def test_an_mtbf_shorter_than_an_epoch_saves_every_epoch(tmp_path):
-    """An MTBF of ~4 ms (under the 0.2 s epoch): every epoch is due."""
-    auto = jaxjob.AutoInterval(mtbf_hours=1e-6)
+    """An MTBF of ~4 ms (under the 0.2 s epoch): every epoch is due.
+
+    With ``window=1`` the interval is the last save's cost plus ~4 ms, and the time since
+    that save started is its cost plus an epoch: due whatever the load.
+    """
+    auto = jaxjob.AutoInterval(mtbf_hours=1e-6, window=1)
     runner = jaxjob.JobRunner(_job(4, sleep_s=0.2), _manager(tmp_path), save_every=auto)
     assert runner.train(jaxjob.Session()) == 4
     assert runner.checkpoint_manager.committed_epochs() == [0, 1, 2, 3, 4]
@@ -136,3 +140,11 @@ def test_a_resumed_run_measures_its_first_save_then_keeps_the_interval(tmp_path)
     assert runner.train(jaxjob.Session()) == 7
     assert runner.checkpoint_manager.committed_epochs() == [0, 1, 2, 3, 7]
     assert runner.history[0]["epoch"] == 3 and runner.history[0]["save_interval_s"] > 60
+
+
+def test_epoch_0s_cost_counts_only_until_another_save_is_measured():
+    """Epoch 0's save also sets up the saver, lock and run: it does not stay in the median."""
+    auto = jaxjob.AutoInterval(mtbf_hours=1.0)
+    assert auto.record(5.0, provisional=True) == pytest.approx(daly_interval_s(5.0, 3600.0) + 5.0)
+    auto.record(0.1)
+    assert auto.cost_s == pytest.approx(0.1)

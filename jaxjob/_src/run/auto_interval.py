@@ -12,7 +12,8 @@ optimum checkpoint interval for restart dumps") refined it to::
 
 ``C`` is measured: the time the training thread spent in each save (what the
 runner records as ``save_time_s``: the blocked part of an async save, and any
-wait for the save before it), the median of the last few. ``M`` is the user's
+wait for the save before it), the median of the last few (epoch 0's, which
+includes the first save's set-up, only until another save is measured). ``M`` is the user's
 statement of the job's failure rate (``mtbf_hours``). Saves are then due
 ``τ + C`` seconds after the last one started, on process 0's clock.
 """
@@ -84,6 +85,7 @@ class AutoInterval:
     window: int = 5
     _costs: collections.deque[float] = dataclasses.field(init=False, repr=False)
     _logged: float | None = dataclasses.field(default=None, init=False, repr=False)
+    _provisional: float | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         hours = self.mtbf_hours
@@ -96,7 +98,7 @@ class AutoInterval:
     @property
     def cost_s(self) -> float | None:
         """The median cost of the latest saves (seconds), or None before the first."""
-        return statistics.median(self._costs) if self._costs else None
+        return statistics.median(self._costs) if self._costs else self._provisional
 
     @property
     def seconds(self) -> float | None:
@@ -106,9 +108,16 @@ class AutoInterval:
             return None
         return daly_interval_s(cost, self.mtbf_hours * 3600.0) + cost
 
-    def record(self, cost_s: float) -> float:
-        """Records the cost of a save that just ran; returns the interval it leads to."""
-        self._costs.append(max(0.0, float(cost_s)))
+    def record(self, cost_s: float, *, provisional: bool = False) -> float:
+        """Records the cost of a save that just ran; returns the interval it leads to.
+
+        A ``provisional`` cost (the runner's epoch 0 save, which also sets up
+        the saver, the lock and the run) counts only until another is recorded.
+        """
+        if provisional:
+            self._provisional = max(0.0, float(cost_s))
+        else:
+            self._costs.append(max(0.0, float(cost_s)))
         seconds = self.seconds
         if self._logged is None or abs(seconds - self._logged) > _CHANGE_LOGGED * self._logged:
             logger.info(
@@ -116,7 +125,7 @@ class AutoInterval:
                 "last %d saves) and an MTBF of %g h",
                 seconds,
                 self.cost_s,
-                len(self._costs),
+                max(1, len(self._costs)),
                 self.mtbf_hours,
             )
             self._logged = seconds

@@ -167,6 +167,7 @@ class JobRunner:
         )
         self.preemption_signals = check_signals(preemption_signals)
         self._clock = SaveClock()
+        self._started_saving: float | None = None  # when epoch 0's save started (monotonic)
         self._deferred_shardings = False
 
     @property
@@ -242,7 +243,7 @@ class JobRunner:
             epoch, finished = self._start(session, resume)
             if not finished:
                 checks.check_stop_names(self.job, session)
-            self._clock = SaveClock(epoch)
+            self._clock = self._start_clock(epoch)
             preempted = False
             if not finished and self._watching:
                 what = f"the preemption check of epoch {epoch}"
@@ -267,9 +268,9 @@ class JobRunner:
             session.run(self.job.init_group)
             if manager is not None:
                 manager.init(self._nodes(), key_nodes=session.key_nodes)
-                saving = time.perf_counter()
+                saving, self._started_saving = time.perf_counter(), time.monotonic()
                 self.save_checkpoints(0, session)
-                self._saved(time.perf_counter() - saving)
+                self._saved(time.perf_counter() - saving, provisional=True)
             return 0, False
         if manager is None:
             raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
@@ -328,10 +329,20 @@ class JobRunner:
             record["save_interval_s"] = self.save_interval.seconds
         return boundary
 
-    def _saved(self, save_time_s: float) -> None:
+    def _start_clock(self, epoch: int) -> SaveClock:
+        """The save clock after init or resume: from now, or (auto) from epoch 0's save start.
+
+        An auto interval is the cost plus Daly's work between saves, counted from a save's
+        start as for every later save; ``save_every_seconds`` counts from after that save.
+        """
+        auto = isinstance(self.save_interval, AutoInterval)
+        started = self._started_saving if auto and epoch == 0 else None
+        return SaveClock(epoch, at=started) if started is not None else SaveClock(epoch)
+
+    def _saved(self, save_time_s: float, *, provisional: bool = False) -> None:
         """A save took ``save_time_s`` of the training thread: the cost an auto interval uses."""
         if isinstance(self.save_interval, AutoInterval):
-            self.save_interval.record(save_time_s)
+            self.save_interval.record(save_time_s, provisional=provisional)
 
     def _run_final_groups(self, epoch: int, session: Session) -> None:
         if self.upload_task_group_builder is not None:
