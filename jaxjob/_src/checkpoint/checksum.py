@@ -145,11 +145,7 @@ def _declared(leaves: Any) -> dict[str, list[Any]]:
     return {e["name"]: [e["dtype"], list(e["shape"])] for e in leaves}
 
 
-def records_text(
-    future: Checksums | concurrent.futures.Future,
-    epoch: int,
-    declared: Mapping[str, Any] | None = None,
-) -> str:
+def records_text(future: Checksums, epoch: int, declared: Mapping[str, Any] | None = None) -> str:
     """The checksum file of this process, once its checksums are computed.
 
     ``declared`` (stored name -> ``[dtype, shape]``, the manifest's) is kept

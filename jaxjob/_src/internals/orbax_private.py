@@ -404,7 +404,7 @@ class ManifestHandler(ocp.JsonCheckpointHandler):
         await super()._save_fn(dict(x), directory)
         if not hasattr(x, "checksum_file"):
             return
-        root = None if fs.is_remote(os.fspath(directory)) else _commit_root(os.fspath(directory))
+        root = _commit_root(os.fspath(directory))  # only local DurableRename directories
         if root is not None:  # this process commits it: the file is written at the commit
             _defer_checksums(root, os.fspath(directory), x)
             return

@@ -267,7 +267,7 @@ class NodeWriter:
     def _start(self, plan: SavePlan) -> CheckpointSaveError | None:
         """Starts the Orbax save on this process; returns its failure, if any."""
         epoch, path, pending = plan.epoch, plan.path, plan.pending
-        self._remove_failed(None)  # what earlier failed saves' threads left after them
+        self._retry_failed()  # what earlier failed saves' threads left after them
         self.last = (path, Stats(epoch, plan.bytes))
         deferred = preemption.DeferredInterrupt()
         try:
@@ -374,16 +374,16 @@ class NodeWriter:
         self._saver = None
         return True
 
-    def _remove_failed(self, path: str | None) -> None:
-        """Removes what the failed save of ``path`` left; None: again for earlier ones."""
-        if path is not None:
-            orbax_private.forget_checksums(path)  # the host copies its commit would hash
-        if not self.deletes:
-            return
-        if path is None:
-            self._failed.retry(busy=self._pending.db if self._pending else None)
-        else:
+    def _remove_failed(self, path: str) -> None:
+        """Removes what the failed save of ``path`` left (and drops its deferred checksums)."""
+        orbax_private.forget_checksums(path)  # the host copies its commit would hash
+        if self.deletes:
             self._failed.remove(path)
+
+    def _retry_failed(self) -> None:
+        """Removes again what earlier failed saves left (their threads may have written more)."""
+        if self.deletes:
+            self._failed.retry(busy=self._pending.db if self._pending else None)
 
     def load(
         self,
@@ -404,7 +404,7 @@ class NodeWriter:
             self._saver.close()
         self._saver = None
         if self._lock is not None:
-            self._remove_failed(None)
+            self._retry_failed()
         self.reader.close()
         if self._lock is not None:
             self._lock.release()

@@ -167,7 +167,6 @@ class JobRunner:
         )
         self.preemption_signals = check_signals(preemption_signals)
         self._clock = SaveClock()
-        self._started_saving: float | None = None  # when epoch 0's save started (monotonic)
         self._deferred_shardings = False
 
     @property
@@ -243,7 +242,8 @@ class JobRunner:
             epoch, finished = self._start(session, resume)
             if not finished:
                 checks.check_stop_names(self.job, session)
-            self._clock = self._start_clock(epoch)
+            if resume is not None:  # from scratch, _start set it at epoch 0's save
+                self._clock = SaveClock(epoch)
             preempted = False
             if not finished and self._watching:
                 what = f"the preemption check of epoch {epoch}"
@@ -266,11 +266,14 @@ class JobRunner:
         manager = self.checkpoint_manager
         if resume is None:
             session.run(self.job.init_group)
+            self._clock = SaveClock(0)  # an auto interval counts from epoch 0's save start
             if manager is not None:
                 manager.init(self._nodes(), key_nodes=session.key_nodes)
-                saving, self._started_saving = time.perf_counter(), time.monotonic()
+                saving = time.perf_counter()
                 self.save_checkpoints(0, session)
                 self._saved(time.perf_counter() - saving, provisional=True)
+                if not isinstance(self.save_interval, AutoInterval):
+                    self._clock = SaveClock(0)  # save_every_seconds: from after that save
             return 0, False
         if manager is None:
             raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
@@ -328,16 +331,6 @@ class JobRunner:
         if isinstance(self.save_interval, AutoInterval):
             record["save_interval_s"] = self.save_interval.seconds
         return boundary
-
-    def _start_clock(self, epoch: int) -> SaveClock:
-        """The save clock after init or resume: from now, or (auto) from epoch 0's save start.
-
-        An auto interval is the cost plus Daly's work between saves, counted from a save's
-        start as for every later save; ``save_every_seconds`` counts from after that save.
-        """
-        auto = isinstance(self.save_interval, AutoInterval)
-        started = self._started_saving if auto and epoch == 0 else None
-        return SaveClock(epoch, at=started) if started is not None else SaveClock(epoch)
 
     def _saved(self, save_time_s: float, *, provisional: bool = False) -> None:
         """A save took ``save_time_s`` of the training thread: the cost an auto interval uses."""
