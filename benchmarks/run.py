@@ -41,6 +41,7 @@ FULL = {
     "digits": ["--epochs", "20", "--rounds", "1"],
     "digits_mp": ["--epochs", "10", "--exchanges", "100", "--rounds", "2"],
     "cloud": ["--mib", "16", "--repeats", "3"],
+    "restart": ["--rounds", "3"],
 }
 QUICK = {
     "big": (4, 16 * 2**20),
@@ -55,6 +56,7 @@ QUICK = {
     "digits": ["--epochs", "8", "--rounds", "1"],
     "digits_mp": ["--epochs", "8", "--exchanges", "20"],
     "cloud": ["--mib", "4", "--repeats", "1"],
+    "restart": ["--rounds", "1"],
 }
 
 
@@ -159,6 +161,9 @@ def main():
         for mode in ("loop", "overlap", "digits"):
             log(mode)
             results[mode] = child([os.path.join(HERE, "loops.py"), mode, work, *plan[mode]])
+        log("transformer restart, against plain Orbax")
+        argv = [os.path.join(HERE, "restart.py"), os.path.join(work, "restart"), *plan["restart"]]
+        results["restart"] = child(argv)
         log("digits on 2 processes")
         argv = [os.path.join(HERE, "multiprocess_overhead.py"), *plan["digits_mp"]]
         results["digits_mp"] = child(argv, launch=2)

@@ -116,6 +116,23 @@ CRAFTED = {
     "time past any float": (_set("time", 10**400), r"time is 1000000000"),
     "run not hex": (_set("run", "not-a-run"), r'run is "not-a-run", expected 32 hex digits'),
     "run a number": (_set("run", 5), r"run is 5"),
+    "devices a list": (_set("devices", []), r"devices is \[\], expected \{\"platform\""),
+    "devices without memory kinds": (
+        _set("devices", {"platform": "cpu", "count": 1}),
+        r"devices is .*expected .*memory_kinds",
+    ),
+    "devices count zero": (
+        _set("devices", {"platform": "cpu", "count": 0, "memory_kinds": []}),
+        r"devices is .*\"count\": 0.*expected",
+    ),
+    "devices platform a path": (
+        _set("devices", {"platform": "../x", "count": 1, "memory_kinds": []}),
+        r"devices is .*\.\./x.*expected",
+    ),
+    "devices memory kinds unsorted": (
+        _set("devices", {"platform": "cpu", "count": 1, "memory_kinds": ["z", "a"]}),
+        r"devices is .*expected .*a sorted list",
+    ),
     "state a list": (_set("state", []), r"state is \[\], expected an object"),
     "state references an unknown leaf": (
         _set("state", "w", {"leaf": "l99"}),
@@ -171,6 +188,16 @@ CRAFTED = {
     "leaf entry without nbytes": (
         lambda d: _leaf(d, "['n']").pop("nbytes"),
         r"at \['n'\]: the entry lacks \['nbytes'\]",
+    ),
+    "leaf entry without device": (
+        lambda d: _leaf(d, "['w']").pop("device"),
+        r"at \['w'\]: the entry lacks \['device'\]",
+    ),
+    "leaf device negative": (_set("['w']", "device", -1), r"device is -1, expected null, or"),
+    "leaf device a string": (_set("['w']", "device", "cpu:0"), r'device is "cpu:0", expected'),
+    "leaf device on a numpy leaf": (
+        _set("['n']", "device", 0),
+        r"at \['n'\]: device is 0, expected null, or for a jax or prng_key leaf an int",
     ),
     "leaf name not a stored name": (_set("['w']", "name", "../x"), r'name is "../x", expected l0'),
     "leaf name with a leading zero": (_set("['w']", "name", "l01"), r'name is "l01"'),
@@ -292,7 +319,7 @@ def test_a_manifest_without_a_valid_self_checksum_or_format_is_corrupt(doc, tmp_
         ("[1, 2]", r"has no format version"),
         ("[" * 100_000, r"is not valid JSON"),
         ('{"format": 4', r"is not valid JSON"),
-        ('{"format": 4, "epoch": ' + "9" * 5000 + "}", r"is not valid JSON"),
+        ('{"format": 5, "epoch": ' + "9" * 5000 + "}", r"is not valid JSON"),
     ],
 )
 def test_a_manifest_that_is_not_an_object_is_corrupt(tmp_path, text, match):
@@ -306,9 +333,9 @@ def test_a_manifest_that_is_not_an_object_is_corrupt(tmp_path, text, match):
 @pytest.mark.parametrize(
     "found, match",
     [
-        (3, r"has checkpoint format 3; this jaxjob reads format 4 \(write it again with this"),
-        (1, r"has checkpoint format 1; this jaxjob reads format 4 \(write it again"),
-        (5, r"has checkpoint format 5; this jaxjob reads format 4 \(it was written by a newer"),
+        (4, r"has checkpoint format 4; this jaxjob reads format 5 \(write it again with this"),
+        (1, r"has checkpoint format 1; this jaxjob reads format 5 \(write it again"),
+        (6, r"has checkpoint format 6; this jaxjob reads format 5 \(it was written by a newer"),
     ],
 )
 def test_another_format_is_refused_naming_both(doc, tmp_path, found, match):

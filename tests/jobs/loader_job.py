@@ -9,13 +9,16 @@ Explicit axes, where init replicates the parameters and every epoch shards them:
 the run prints, per epoch, whether its program received them sharded). Kill it
 with ``jaxjob.testing`` (``kill_at="epoch:n"``: after the n-th epoch group of the
 run, the batches loaded and trained on, before the save). The final workspace is
-written with ``jaxjob.testing.dump_workspace``.
+written with ``jaxjob.testing.dump_workspace``. It prints how many times JAX lowered
+(compiled, or looked up in the compilation cache) each of its init and train programs.
 """
 
 import job_start  # first: no garbage collection while the job imports (see it)
 
 # isort: split
 
+import collections
+import json
 import sys
 
 import jax
@@ -27,6 +30,16 @@ from jax.sharding import PartitionSpec as P
 import jaxjob
 
 job_start.imported()
+
+LOWERED: collections.Counter = collections.Counter()  # program -> times JAX lowered it
+
+
+def _count_lowerings(event, duration, fun_name=None, **kwargs):
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+        LOWERED[fun_name] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_lowerings)
 
 BATCH, STEPS = 8, 3
 DATA = np.random.default_rng(0).normal(size=(48, 4)).astype(np.float32)
@@ -122,6 +135,7 @@ def main() -> None:
     session = jaxjob.Session()
     last = jaxjob.JobRunner(job, jaxjob.CheckpointManager(db_prefix), mesh=mesh).train(session)
     print(f"finished at epoch {last}", flush=True)
+    print("lowered", json.dumps({k: n for k, n in LOWERED.items() if "init" in k or "train" in k}))
     if loader == "mesh":
         print("input_sharded", sharded, flush=True)
     jaxjob.testing.dump_workspace(session.workspace, out)

@@ -9,8 +9,10 @@ Grain ``DataLoader`` and a two-device mesh, killed with SIGKILL at random
 epochs and restarted, end bitwise equal to an uninterrupted run.
 """
 
+import json
 import os
 import random
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -181,6 +183,13 @@ def test_killed_in_a_random_epoch_resumes_exactly(tmp_path, reference, compile_c
     assert kill.killed and kill.committed[-1] >= 1, kill.output[-2000:]
     output = testing.run(argv(tmp_path, loader), env=env, db_prefix=prefix)
     check_same(ref, tmp_path)
+    lowered = json.loads(re.search(r"^lowered (.*)$", output, re.M).group(1))
+    # Restored with the shardings it was saved with: no init program compiled for them, the
+    # epoch's training program once (the reference compiles init, and with "mesh" two trains).
+    # Grain's state (a host-local leaf every program receives, unused) grows a byte when its
+    # counter gains a digit: JAX traces and lowers the program again for the new input shape.
+    assert [n for n in lowered if "init" in n] == [], lowered
+    assert loader == "grain" or list(lowered.values()) == [1], lowered
     if loader == "mesh":  # init replicates, each epoch shards: the resumed epochs get them sharded
         resumed = EPOCHS - kill.committed[-1]
         assert f"input_sharded {[1] * resumed}" in output, output[-2000:]

@@ -206,8 +206,8 @@ def read_records(path: str, found: Any) -> dict[str, list[Record]]:
         raise corrupt(
             found.epoch,
             path,
-            "the manifest records no checksums (format 4 always does): it was edited or "
-            "written by another tool, so no leaf can be checked; save the epoch again",
+            "the manifest records no checksums (every manifest since format 4 does): it was "
+            "edited or written by another tool, so no leaf can be checked; save the epoch again",
         )
     records: dict[str, list[Record]] = {}
     for name in found.checksums.get("files", []):

@@ -95,6 +95,10 @@ class LeafSpec:
         impl: The PRNG implementation of a ``prng_key`` leaf.
         nbytes: The bytes of one copy of a host-local leaf (its stored row
             holds them); None for other leaves.
+        device: For a ``jax.Array`` on one device: that device's index in
+            ``jax.local_devices()`` of the process that wrote the manifest
+            (in SPMD code every process puts such an array on its device of
+            that index); None for other leaves.
     """
 
     name: str
@@ -104,6 +108,7 @@ class LeafSpec:
     shape: tuple[int, ...]
     impl: str | None = None
     nbytes: int | None = None
+    device: int | None = None
 
     @property
     def host_local(self) -> bool:
@@ -131,10 +136,13 @@ class LeafSpec:
     @classmethod
     def _describe(cls, leaf: Any, name: str, path: str) -> LeafSpec:
         if isinstance(leaf, jax.Array):
+            device = _local_index(leaf.sharding)
             if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
                 impl = str(jax.random.key_impl(leaf))
-                return cls(name, path, Kind.PRNG_KEY, str(leaf.dtype), leaf.shape, impl)
-            return cls(name, path, Kind.JAX, str(leaf.dtype), leaf.shape)
+                return cls(
+                    name, path, Kind.PRNG_KEY, str(leaf.dtype), leaf.shape, impl, device=device
+                )
+            return cls(name, path, Kind.JAX, str(leaf.dtype), leaf.shape, device=device)
         if isinstance(leaf, np.ndarray | np.generic) and not leaf.dtype.hasobject:
             kind = Kind.NUMPY if isinstance(leaf, np.ndarray) else Kind.NUMPY_SCALAR
             return cls(name, path, kind, str(leaf.dtype), tuple(np.shape(leaf)))
@@ -179,7 +187,17 @@ class LeafSpec:
             tuple(entry["shape"]),
             entry["impl"],
             entry["nbytes"],
+            entry["device"],
         )
+
+
+def _local_index(sharding: Any) -> int | None:
+    """The index in ``jax.local_devices()`` of a single-device sharding's device, else None."""
+    if not isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return None
+    (device,) = sharding.device_set
+    local = jax.local_devices()
+    return local.index(device) if device in local else None
 
 
 # ---- tree structure -------------------------------------------------------------------------

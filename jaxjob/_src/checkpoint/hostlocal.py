@@ -29,6 +29,7 @@ __all__ = [
     "decode",
     "dtype_of",
     "encode",
+    "is_host_copy",
     "nbytes",
     "replicate",
     "row_for_this_process",
@@ -37,6 +38,11 @@ __all__ = [
 
 HostMap = Callable[[int], int] | Sequence[int]
 _AXIS = "jaxjob_hosts"
+
+
+def is_host_copy(sharding: Any) -> bool:
+    """Whether ``sharding`` is :func:`host_sharding` 's: a stored copy of process-local data."""
+    return isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.axis_names == (_AXIS,)
 
 
 def host_sharding(spec: Any = _AXIS) -> jax.sharding.NamedSharding:

@@ -31,9 +31,18 @@ from jaxjob._src.base.checks import is_int
 from jaxjob._src.checkpoint import checksum, codec, keypaths, schema
 from jaxjob._src.checkpoint.layout import get_ckpt_filename, parse_name
 
-__all__ = ["FORMAT", "MANIFEST_FILE", "MANIFEST_ITEM", "Manifest", "build", "read"]
+__all__ = [
+    "FORMAT",
+    "MANIFEST_FILE",
+    "MANIFEST_ITEM",
+    "Manifest",
+    "build",
+    "devices_record",
+    "read",
+    "same_devices",
+]
 
-FORMAT = 4
+FORMAT = 5  # 5: the devices record
 MANIFEST_ITEM = "jaxjob"
 MANIFEST_FILE = "manifest.json"
 STATE = "state"
@@ -59,6 +68,11 @@ class Manifest:
             process's checksums (:mod:`jaxjob._src.checkpoint.checksum`).
         metrics: Scalars that retention ranks by (:class:`jaxjob.keep.Best`),
             name -> value; read without reading any array.
+        devices: The devices of the job that saved it: ``{"platform": "cpu",
+            "count": 8, "memory_kinds": ["device"]}`` (the memory kinds of its
+            ``jax.Array`` leaves). A resume on the same devices restores the
+            arrays with the shardings they were saved with
+            (:func:`same_devices`).
     """
 
     epoch: int
@@ -72,6 +86,7 @@ class Manifest:
     leaves: dict[str, codec.LeafSpec]
     checksums: dict[str, Any]
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    devices: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def state_keys(self) -> list[str]:
@@ -141,6 +156,7 @@ class Manifest:
             leaves={e["name"]: codec.LeafSpec.from_json(e) for e in doc["leaves"]},
             checksums=doc["checksums"],
             metrics={name: float(value) for name, value in doc["metrics"].items()},
+            devices=doc["devices"],
         )
 
 
@@ -227,6 +243,11 @@ def build(
                 leaves[stored] = codec.LeafSpec.of(leaf, stored, path)
                 flat[item][stored] = leaf
     writers = range(jax.process_count()) if owner_process is None else [owner_process]
+    kinds = {
+        str(leaf.sharding.memory_kind)
+        for leaf in flat[STATE].values()
+        if isinstance(leaf, jax.Array) and leaf.sharding.memory_kind is not None
+    }
     manifest = Manifest(
         epoch=epoch,
         node=node,
@@ -241,8 +262,38 @@ def build(
             "algorithm": checksum.ALGORITHM,
             "files": [checksum.checksums_file(p) for p in writers],
         },
+        devices=devices_record(sorted(kinds)),
     )
     return manifest, flat
+
+
+def devices_record(memory_kinds: list[str]) -> dict[str, Any]:
+    """This job's devices, as a manifest records them."""
+    return {
+        "platform": jax.devices()[0].platform,
+        "count": jax.device_count(),
+        "memory_kinds": memory_kinds,
+    }
+
+
+def same_devices(found: Manifest) -> bool:
+    """Whether this job runs on the devices that saved ``found``.
+
+    The same platform, device and process counts, and the saved arrays in the
+    devices' default memory.
+
+    Example:
+        >>> m = build(0, "n", {"w": jax.numpy.ones(2)}, {}, None, run="0" * 32)[0]
+        >>> same_devices(m)
+        True
+    """
+    default = jax.devices()[0].default_memory().kind
+    here = devices_record([])
+    return (
+        found.process_count == jax.process_count()
+        and all(found.devices.get(k) == here[k] for k in ("platform", "count"))
+        and set(found.devices.get("memory_kinds", ["?"])) <= {default}
+    )
 
 
 def read(path: str) -> Manifest:

@@ -32,9 +32,12 @@ STORED_NAME = re.compile(r"l(0|[1-9][0-9]{0,17})")  # "l0", "l1", ...: Orbax key
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # a run's id: a uuid4's hex
 FIELDS = frozenset(
     {"format", checksum.SELF_KEY, "epoch", "node", "process_count", "owner_process", "time"}
-    | {"run", "state", "outputs", "leaves", "metrics", "checksums"}
+    | {"run", "state", "outputs", "leaves", "metrics", "checksums", "devices"}
 )
-LEAF_KEYS = frozenset({"name", "path", "kind", "dtype", "shape", "impl", "nbytes"})
+DEVICE_KEYS = frozenset({"platform", "count", "memory_kinds"})
+MAX_DEVICES = 1 << 24
+_DEVICE_WORD = re.compile(r"[A-Za-z0-9_]{1,64}")  # "cpu", "gpu", "tpu"; "device", "pinned_host"
+LEAF_KEYS = frozenset({"name", "path", "kind", "dtype", "shape", "impl", "nbytes", "device"})
 MAX_EPOCH = (1 << 63) - 1  # an int64
 MAX_PROCESSES = 1 << 20
 MAX_DIMS = 64  # NumPy's
@@ -102,6 +105,10 @@ def _check_leaf(entry: Any) -> None:
     dims = dims and all(is_int(d) and d >= 0 for d in shape)
     _require(dims, "shape", shape, f"a list of at most {MAX_DIMS} ints >= 0")
     _check_size(Kind(kind), entry["dtype"], tuple(shape), entry["nbytes"])
+    device, arrays = entry["device"], (Kind.JAX, Kind.PRNG_KEY)
+    index = is_int(device) and 0 <= device < MAX_DEVICES and Kind(kind) in arrays
+    expected = f"null, or for a {' or '.join(map(str, arrays))} leaf an int in [0, {MAX_DEVICES})"
+    _require(device is None or index, "device", device, expected)
 
 
 def _check_size(kind: Kind, dtype: str, shape: tuple[int, ...], nbytes: Any) -> None:
@@ -243,6 +250,26 @@ def _check_metrics(metrics: Any) -> None:
         _require(_finite(value), f"metrics[{name!r}]", value, "a finite number")
 
 
+def _check_devices(value: Any) -> None:
+    """Refuses a devices record other than a platform, a device count and memory kinds."""
+    expected = (
+        f'{{"platform": a name, "count": an int in [1, {MAX_DEVICES}], "memory_kinds": a '
+        "sorted list of distinct names}"
+    )
+    ok = isinstance(value, dict) and set(value) == DEVICE_KEYS
+    ok = (
+        ok
+        and isinstance(value["platform"], str)
+        and bool(_DEVICE_WORD.fullmatch(value["platform"]))
+    )
+    ok = ok and is_int(value["count"]) and 1 <= value["count"] <= MAX_DEVICES
+    kinds = value.get("memory_kinds") if isinstance(value, dict) else None
+    ok = ok and isinstance(kinds, list) and len(kinds) <= 16
+    ok = ok and all(isinstance(k, str) and bool(_DEVICE_WORD.fullmatch(k)) for k in kinds)
+    ok = ok and kinds == sorted(set(kinds))
+    _require(ok, "devices", value, expected)
+
+
 def _check_checksums(value: Any, count: int, owner: int | None) -> None:
     """Refuses checksums other than the algorithm and every saving process's file."""
     writers = range(count) if owner is None else [owner]
@@ -279,3 +306,4 @@ def check(doc: Any) -> None:
     _coverage(referenced, [entry["name"] for entry in doc["leaves"]])
     _check_metrics(doc["metrics"])
     _check_checksums(doc["checksums"], doc["process_count"], doc["owner_process"])
+    _check_devices(doc["devices"])

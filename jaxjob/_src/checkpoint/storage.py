@@ -31,10 +31,18 @@ import orbax.checkpoint as ocp
 
 from jaxjob._src.base import faults, fs
 from jaxjob._src.base.errors import CorruptCheckpointError
+from jaxjob._src.base.leaves import Kind
 from jaxjob._src.checkpoint import checksum, codec, hostlocal, keypaths, leaf_check
 from jaxjob._src.checkpoint import targets as targets_lib
-from jaxjob._src.checkpoint.manifest import MANIFEST_FILE, MANIFEST_ITEM, OUTPUTS, STATE, Manifest
-from jaxjob._src.internals import orbax_private
+from jaxjob._src.checkpoint.manifest import (
+    MANIFEST_FILE,
+    MANIFEST_ITEM,
+    OUTPUTS,
+    STATE,
+    Manifest,
+    same_devices,
+)
+from jaxjob._src.internals import orbax_files, orbax_private
 
 __all__ = [
     "OUTPUTS",
@@ -348,3 +356,55 @@ def saved_shapes(manifest: Manifest) -> dict[str, Any]:
     """Shapes and dtypes of every saved state leaf (``jax.ShapeDtypeStruct`` s), reading no data."""
     abstract = {spec.name: spec.abstract() for spec in manifest.leaves.values()}
     return {name: codec.unflatten(s, abstract) for name, s in manifest.state.items()}
+
+
+def saved_targets(path: str, manifest: Manifest) -> dict[str, Any] | None:
+    """Every saved state leaf as it was saved, its sharding included; None on other devices.
+
+    On the devices that saved it (:func:`~jaxjob._src.checkpoint.manifest.same_devices`)
+    each ``jax.Array`` leaf gets the sharding Orbax recorded for it, which is
+    the one the saving job's next epoch would have read: a resume restores
+    onto it without tracing the job. None if this job runs on other devices
+    or a leaf's sharding is not recorded (then the job's own shardings are
+    traced).
+    """
+    if not same_devices(manifest):
+        return None
+    shardings = orbax_files.saved_named_shardings(path)
+    abstract: dict[str, Any] = {}
+    for structure in manifest.state.values():
+        for _, stored in keypaths.leaf_names(structure):
+            spec = manifest.leaves[stored]
+            leaf = spec.abstract()
+            if not spec.host_local:
+                sharding = _leaf_sharding(shardings.get(stored), spec)
+                if sharding is None:
+                    return None
+                leaf = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+            abstract[stored] = leaf
+    return {name: codec.unflatten(s, abstract) for name, s in manifest.state.items()}
+
+
+def _leaf_sharding(saved: Any, spec: codec.LeafSpec) -> Any:
+    """The sharding of the leaf ``spec``: its recorded local device, or Orbax's record.
+
+    None if unknown: e.g. a process-local array on several devices, which a
+    multi-process save stores as a host copy.
+
+    A PRNG key is stored as its key data, one dimension more, unsharded.
+    """
+    if spec.device is not None:
+        local = jax.local_devices()
+        return (
+            jax.sharding.SingleDeviceSharding(local[spec.device])
+            if spec.device < len(local)
+            else None
+        )
+    if saved is None or hostlocal.is_host_copy(saved):
+        return None
+    if spec.kind != Kind.PRNG_KEY:
+        return saved
+    rank = len(spec.shape)
+    if any(p is not None for p in tuple(saved.spec)[rank:]):
+        return None
+    return jax.sharding.NamedSharding(saved.mesh, jax.sharding.PartitionSpec(*saved.spec[:rank]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -28,7 +29,18 @@ class Program:
         self.tasks = tasks
         self.producers: dict[str, str] = {}
         self._set_names: dict[Any, frozenset[str]] = {}
-        self._jitted = jax.jit(self._run, donate_argnums=0)
+
+        def run(donated: dict[str, Any], kept: dict[str, Any]) -> dict[str, Any]:
+            return self._run(donated, kept)
+
+        run.__name__ = run.__qualname__ = self.name
+        self._named = run
+        self._jitted = jax.jit(run, donate_argnums=0)
+
+    @property
+    def name(self) -> str:
+        """The program's name in JAX's logs and profiles: its tasks' names, e.g. ``train``."""
+        return re.sub(r"\W+", "_", " ".join(t.name for t in self.tasks)).strip("_")[:120] or "tasks"
 
     def _run(self, donated: dict[str, Any], kept: dict[str, Any]) -> dict[str, Any]:
         ws = Workspace({**kept, **donated})
@@ -42,18 +54,32 @@ class Program:
         return out
 
     def set_names(self, ws: Workspace) -> frozenset[str]:
-        """The names this program sets when run on a workspace shaped like ``ws``."""
+        """The names this program sets when run on a workspace shaped like ``ws``.
+
+        Found by tracing the program as its call will, donating every
+        donatable name: when the program overwrites all of them (the usual
+        case) that call donates exactly those, and ``jax.jit`` reuses this
+        trace instead of tracing the program again.
+        """
         structure = jax.tree_util.tree_structure(ws)
         if structure not in self._set_names:
-            shapes = jax.eval_shape(self._run, {}, dict(ws))
-            self._set_names[structure] = frozenset(shapes)
+            guess = _donatable(ws, frozenset(ws))
+            traced = self._jitted.trace(*self._split(ws, guess))
+            self._set_names[structure] = frozenset(traced.out_info)
         return self._set_names[structure]
+
+    @staticmethod
+    def _split(ws: Workspace, donate: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The program's arguments: the donated names, and the others."""
+        return {k: ws[k] for k in donate}, {k: v for k, v in ws.items() if k not in donate}
+
+    def shapes(self, ws: Mapping[str, Any]) -> dict[str, Any]:
+        """Shapes and dtypes of what the program sets: an abstract evaluation, no compile."""
+        return jax.eval_shape(self._named, {}, dict(ws))
 
     def __call__(self, ws: Workspace) -> Workspace:
         donate = _donatable(ws, self.set_names(ws))
-        kept = {k: v for k, v in ws.items() if k not in donate}
-        out = self._jitted({k: ws[k] for k in donate}, kept)
-        return ws.set(out)
+        return ws.set(self._jitted(*self._split(ws, donate)))
 
     def abstract(self, ws: Mapping[str, Any]) -> dict[str, jax.ShapeDtypeStruct]:
         """Shapes, dtypes and shardings of what the program sets, without running it."""

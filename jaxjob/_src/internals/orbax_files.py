@@ -14,10 +14,13 @@ import base64
 import json
 from typing import Any
 
+import jax
+import orbax.checkpoint as ocp
+
 from jaxjob._src.base import fs
 from jaxjob._src.internals import orbax_private
 
-__all__ = ["commit_times", "saved_shardings"]
+__all__ = ["commit_times", "saved_named_shardings", "saved_shardings"]
 
 
 def commit_times(path: str) -> tuple[float | None, float | None]:
@@ -35,13 +38,8 @@ def commit_times(path: str) -> tuple[float | None, float | None]:
     return (start / 1e9 if start else None), (commit / 1e9 if commit else None)
 
 
-def saved_shardings(path: str) -> dict[str, str]:
-    """How each ``jax.Array`` leaf at ``path`` was sharded when saved, by stored name.
-
-    Orbax records it in the ``state`` item's ``_sharding`` file (JSON, keyed
-    by the base64 of the leaf's tree key), which has no public reader. Leaves
-    it does not record are left out: private checkpoints, NumPy leaves.
-    """
+def _sharding_docs(path: str) -> dict[str, dict[str, Any]]:
+    """Orbax's record of each ``jax.Array`` leaf's sharding at ``path``, by stored name."""
     try:
         doc = json.loads(fs.read_text(fs.join(path, "state", "_sharding")))
     except (OSError, ValueError):
@@ -49,8 +47,44 @@ def saved_shardings(path: str) -> dict[str, str]:
     found = {}
     for key, text in doc.items():
         try:
-            name = base64.b64decode(key).decode()
-            found[name] = _describe_sharding(json.loads(text))
+            found[base64.b64decode(key).decode()] = json.loads(text)
+        except (ValueError, TypeError):  # not a leaf this version of jaxjob wrote
+            continue
+    return found
+
+
+def saved_named_shardings(path: str) -> dict[str, jax.sharding.NamedSharding]:
+    """The named sharding of each stored ``jax.Array`` at ``path``, on this job's devices.
+
+    Rebuilt by Orbax's own ``NamedShardingMetadata`` from its ``_sharding``
+    file: the saved mesh (device ids, axis names and types) and partition
+    spec. Arrays on one device, whose devices this job lacks, or that Orbax
+    does not record, are left out.
+    """
+    found = {}
+    for name, doc in _sharding_docs(path).items():
+        if not isinstance(doc, dict) or doc.get("sharding_type") != "NamedSharding":
+            continue
+        try:
+            found[name] = ocp.metadata.NamedShardingMetadata.from_deserialized_dict(
+                doc
+            ).to_jax_sharding()
+        except (ValueError, KeyError, TypeError):  # its devices are not this job's
+            continue
+    return found
+
+
+def saved_shardings(path: str) -> dict[str, str]:
+    """How each ``jax.Array`` leaf at ``path`` was sharded when saved, by stored name.
+
+    Orbax records it in the ``state`` item's ``_sharding`` file (JSON, keyed
+    by the base64 of the leaf's tree key), which has no public reader. Leaves
+    it does not record are left out: private checkpoints, NumPy leaves.
+    """
+    found = {}
+    for name, doc in _sharding_docs(path).items():
+        try:
+            found[name] = _describe_sharding(doc)
         except (ValueError, TypeError, KeyError):  # not a leaf this version of jaxjob wrote
             continue
     return found

@@ -284,6 +284,14 @@ class CheckpointManager(ManagerCore):
         """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""
         return storage.saved_shapes(self._checkpoint(epoch)[1])
 
+    def saved_targets(self, epoch: int) -> dict[str, Any] | None:
+        """The state leaves of ``epoch`` with the shardings they were saved with.
+
+        None if this job's devices differ from the saving job's
+        (:func:`~jaxjob._src.checkpoint.storage.saved_targets`).
+        """
+        return storage.saved_targets(*self._checkpoint(epoch))
+
     def load_outputs(self, epoch: int) -> Workspace:
         """Loads the epoch outputs saved with ``epoch`` for the stop conditions."""
         path, found = self._checkpoint(epoch)

@@ -248,6 +248,19 @@ class MultiNodeCheckpointManager(ManagerCore):
             merged.update(manager.saved_shapes(epoch))
         return merged
 
+    def saved_targets(self, epoch: int) -> dict[str, Any] | None:
+        """The leaves of ``epoch`` that :meth:`load` reads, with their saved shardings.
+
+        None if any node's checkpoint was saved on other devices.
+        """
+        merged: dict[str, Any] = {}
+        for _, manager in self._own_managers():
+            found = manager.saved_targets(epoch)
+            if found is None:
+                return None
+            merged.update(found)
+        return merged
+
     def load_outputs(self, epoch: int) -> Workspace:
         """Loads the stop-condition outputs saved with ``epoch`` by the nodes ``load`` reads."""
         merged: dict[str, Any] = {}

@@ -1,9 +1,13 @@
 """Resume targets: what the runner restores, traced from the init group and checked against a save.
 
 The init group is traced abstractly (nothing runs): its jitted programs give
-each name's shape, dtype and sharding, its host steps contribute the saved
-shapes. The names are checked against the checkpoint's, then given the
-shardings the epochs leave (:mod:`jaxjob._src.run.shardings`).
+each name's shape and dtype, its host steps contribute the saved shapes. The
+names are checked against the checkpoint's. On the devices that saved the
+checkpoint each array is restored with the sharding it was saved with: the
+one the saving job's next epoch read, so nothing is compiled before the first
+epoch runs. On other devices (another device or process count) the init
+group's programs are compiled for their shardings, and the state is given the
+shardings the epochs leave from there (:mod:`jaxjob._src.run.shardings`).
 """
 
 from __future__ import annotations
@@ -61,13 +65,42 @@ def restore_targets(
         ValueError: If the checkpoint holds other names than the init group sets.
     """
     saved = manager.saved_shapes(epoch)
+    as_saved = manager.saved_targets(epoch)
+    if as_saved is not None:
+        targets, _ = _init_targets(job, session, manager, epoch, saved, compiled=False)
+        found = _with_saved_shardings(targets, as_saved)
+        if found is not None:
+            logger.debug("Restoring epoch %d with the shardings it was saved with", epoch)
+            return found, False
+    targets, abstract = _init_targets(job, session, manager, epoch, saved, compiled=True)
+    return shardings.epoch_shardings(session, job.epoch_group, epoch, abstract, targets)
+
+
+def _init_targets(
+    job: Job,
+    session: Session,
+    manager: Manager,
+    epoch: int,
+    saved: dict[str, Any],
+    *,
+    compiled: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the init group's programs set, checked against the names saved at ``epoch``.
+
+    With ``compiled``, the programs are compiled for their output shardings;
+    without, only evaluated abstractly (shapes and dtypes).
+
+    Returns:
+        ``(targets, abstract)``: the saved names the programs set, and every
+        name the init group sets (its host steps' as saved).
+    """
     abstract: dict[str, Any] = {}
     targets: dict[str, Any] = {}
     nodes: dict[str, str] = {}
     steps = session.steps(job.init_group)
     for step in steps:
         if isinstance(step, Program):
-            produced = step.abstract(abstract)
+            produced = step.abstract(abstract) if compiled else step.shapes(abstract)
             targets.update(produced)
             abstract.update(produced)
             nodes.update(step.producers)
@@ -81,8 +114,38 @@ def restore_targets(
         epoch=epoch,
         where=manager.db_prefix,
     )
-    targets = {k: v for k, v in targets.items() if k in saved}
-    return shardings.epoch_shardings(session, job.epoch_group, epoch, abstract, targets)
+    return {k: v for k, v in targets.items() if k in saved}, abstract
+
+
+def _with_saved_shardings(
+    targets: dict[str, Any], as_saved: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``targets`` (the init group's shapes and dtypes) with the saved shardings.
+
+    Both trees' leaves are in JAX's flattening order (the saved tree is
+    rebuilt from JSON: a NamedTuple comes back as a tuple). None if a name's
+    leaves, shapes or dtypes differ from the saved ones (the restore then
+    says how).
+    """
+    found = {}
+    for name, target in targets.items():
+        saved = as_saved.get(name)
+        leaves, tree = jax.tree.flatten(target)
+        stored = jax.tree.leaves(saved)
+        if saved is None or len(stored) != len(leaves):
+            return None
+        if any(
+            (a.shape, a.dtype) != (b.shape, b.dtype) for a, b in zip(leaves, stored, strict=True)
+        ):
+            return None
+        found[name] = jax.tree.unflatten(
+            tree,
+            [
+                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=b.sharding)
+                for a, b in zip(leaves, stored, strict=True)
+            ],
+        )
+    return found
 
 
 def loaded_nodes(manager: Manager) -> set[str] | None:
