@@ -28,7 +28,7 @@ from common import summary  # noqa: E402
 VOCAB, DIM, LAYERS, HEADS, SEQ, BATCH, STEPS = 256, 384, 4, 6, 64, 8, 4
 
 
-def _model():
+def model():
     """(init, step, batches): the transformer's parameter init, train step and data."""
     import jax
     import jax.numpy as jnp
@@ -109,7 +109,7 @@ def run_jaxjob(directory, epochs, first_step_only):
     import jaxjob
 
     compiles = _count_compiles()
-    init, step, batch = _model()
+    init, step, batch = model()
     start = time.perf_counter()
     done = {}
 
@@ -146,7 +146,7 @@ def run_orbax(directory, epochs, first_step_only):
     import orbax.checkpoint as ocp
 
     compiles = _count_compiles()
-    init, step, batch = _model()
+    init, step, batch = model()
     start = time.perf_counter()
     manager = ocp.CheckpointManager(directory)
     abstract = jax.eval_shape(init)

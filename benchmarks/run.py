@@ -42,6 +42,7 @@ FULL = {
     "digits_mp": ["--epochs", "10", "--exchanges", "100", "--rounds", "2"],
     "cloud": ["--mib", "16", "--repeats", "3"],
     "restart": ["--rounds", "3"],
+    "step_slowdown": ["--epochs", "10", "--steps", "4", "--rounds", "3"],
 }
 QUICK = {
     "big": (4, 16 * 2**20),
@@ -57,6 +58,7 @@ QUICK = {
     "digits_mp": ["--epochs", "8", "--exchanges", "20"],
     "cloud": ["--mib", "4", "--repeats", "1"],
     "restart": ["--rounds", "1"],
+    "step_slowdown": ["--epochs", "5", "--steps", "2", "--rounds", "1"],
 }
 
 
@@ -164,6 +166,9 @@ def main():
         log("transformer restart, against plain Orbax")
         argv = [os.path.join(HERE, "restart.py"), os.path.join(work, "restart"), *plan["restart"]]
         results["restart"] = child(argv)
+        log("transformer step slowdown: saving every epoch against not saving")
+        argv = [os.path.join(HERE, "step_slowdown.py"), os.path.join(work, "slowdown")]
+        results["step_slowdown"] = child(argv + plan["step_slowdown"])
         log("digits on 2 processes")
         argv = [os.path.join(HERE, "multiprocess_overhead.py"), *plan["digits_mp"]]
         results["digits_mp"] = child(argv, launch=2)

@@ -192,6 +192,24 @@ def build_rows(results):
         )
     )
     rows += _restart_rows(results.get("restart", {}))
+    slowdown = results.get("step_slowdown", {})
+    rows.append(
+        _row(
+            "transformer s/epoch (~1 s), JobRunner saving every epoch",
+            _med(slowdown, "saved"),
+            "JobRunner without checkpoints",
+            _med(slowdown, "plain"),
+            1.05,
+        )
+    )
+    rows.append(
+        _row(
+            "transformer: training thread blocked per save",
+            _med(slowdown, "blocked"),
+            "s/epoch without checkpoints",
+            _med(slowdown, "plain"),
+        )
+    )
     overlap = results.get("overlap", {})
     rows.append(
         _row(

@@ -7,11 +7,15 @@ programs a restart compiles, whatever the cache holds.
 
 import collections
 import dataclasses
+import json
+import os
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import paths
 
 import jaxjob
 from jaxjob._src.checkpoint import manifest, storage
@@ -119,8 +123,8 @@ def test_saved_shardings_are_used_only_on_the_devices_that_saved(tmp_path):
     found = manifest.read(path)
     assert found.devices == {"platform": "cpu", "count": 1, "memory_kinds": ["device"]}
     targets = storage.saved_targets(path, found)
-    assert targets["w"].sharding == jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    assert targets["n"].shape == () and not hasattr(targets["n"].sharding, "mesh")
+    assert list(targets) == [("w",)]  # the arrays, by key path (not the NumPy scalar)
+    assert targets[("w",)].sharding == jax.sharding.SingleDeviceSharding(jax.devices()[0])
     others = [
         dataclasses.replace(found, devices={**found.devices, "count": 8}),
         dataclasses.replace(found, devices={**found.devices, "platform": "gpu"}),
@@ -128,3 +132,34 @@ def test_saved_shardings_are_used_only_on_the_devices_that_saved(tmp_path):
         dataclasses.replace(found, process_count=2),
     ]
     assert [storage.saved_targets(path, other) for other in others] == [None] * 4
+
+
+def _layout_job(prefix, epochs, layout):
+    """Runs ``tests/jobs/layout_job.py`` on 4 devices; its RESULT record."""
+    output = jaxjob.testing.run(
+        [os.path.join(paths.JOBS, "layout_job.py"), str(prefix), str(epochs), layout],
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    )
+    return json.loads(re.search(r"^RESULT (.*)$", output, re.M).group(1))
+
+
+def test_saved_shardings_go_to_their_own_leaves_and_a_changed_mesh_is_traced(tmp_path):
+    """Two same-shape NamedTuple fields (not in alphabetical order) sharded differently come
+    back each on its own sharding, compiling no init program, and end bitwise equal to an
+    uninterrupted run; a resume with another mesh on the same devices traces its shardings."""
+    reference = _layout_job(tmp_path / "ref", 3, "a")
+    _layout_job(tmp_path / "run", 1, "a")
+    resumed = _layout_job(tmp_path / "run", 3, "a")
+    assert resumed["shardings"] == {
+        "wq": "P('d',)",
+        "wk": "P(None, 'd')",
+    }
+    assert resumed["lowered"] == {"jit(train__count_epoch)": 1}
+    assert resumed["digest"] == reference["digest"]
+    changed = _layout_job(tmp_path / "run", 4, "b")
+    assert changed["mesh"] == [2, 2]
+    assert changed["shardings"] == {
+        "wq": "P('d', 'e')",
+        "wk": "P('e', 'd')",
+    }
+    assert changed["lowered"]["jit(init__init_counter)"] == 1  # traced for its shardings

@@ -13,7 +13,7 @@ ROOT = Path(paths.ROOT)
 
 @pytest.mark.slow
 def test_quick_benchmark_prints_every_row(tmp_path):
-    """--quick runs every benchmark and prints a table with a value for each of its 51 rows."""
+    """--quick runs every benchmark and prints a table with a value for each of its 56 rows."""
     out = tmp_path / "results.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--json", str(out)],
@@ -24,7 +24,7 @@ def test_quick_benchmark_prints_every_row(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 51
+    assert len(rows) == 56
     assert [r["figure"] for r in rows if r["value"] is None or r["ratio"] is None] == []
     table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
-    assert len(table) == 1 + 51 and "missing" not in proc.stdout
+    assert len(table) == 1 + 56 and "missing" not in proc.stdout

@@ -358,31 +358,37 @@ def saved_shapes(manifest: Manifest) -> dict[str, Any]:
     return {name: codec.unflatten(s, abstract) for name, s in manifest.state.items()}
 
 
-def saved_targets(path: str, manifest: Manifest) -> dict[str, Any] | None:
-    """Every saved state leaf as it was saved, its sharding included; None on other devices.
+def saved_targets(path: str, manifest: Manifest) -> dict[tuple[str, ...], Any] | None:
+    """Every saved ``jax.Array`` state leaf as it was saved, by key path; None on other devices.
 
     On the devices that saved it (:func:`~jaxjob._src.checkpoint.manifest.same_devices`)
-    each ``jax.Array`` leaf gets the sharding Orbax recorded for it, which is
-    the one the saving job's next epoch would have read: a resume restores
-    onto it without tracing the job. None if this job runs on other devices
-    or a leaf's sharding is not recorded (then the job's own shardings are
-    traced).
+    each leaf gets the sharding it was saved with, which is the one the
+    saving job's next epoch read: a resume can restore onto it without
+    tracing the job. None if this job runs on other devices or a leaf's
+    sharding is not recorded (then the job's own shardings are traced).
+
+    Returns:
+        ``(name, *segments)`` (the key path, as
+        :func:`~jaxjob._src.checkpoint.keypaths.leaf_names` gives it) ->
+        ``jax.ShapeDtypeStruct`` with the leaf's shape, dtype and sharding.
     """
     if not same_devices(manifest):
         return None
     shardings = orbax_files.saved_named_shardings(path)
-    abstract: dict[str, Any] = {}
-    for structure in manifest.state.values():
-        for _, stored in keypaths.leaf_names(structure):
+    found: dict[tuple[str, ...], Any] = {}
+    for name, structure in manifest.state.items():
+        for segments, stored in keypaths.leaf_names(structure, (name,)):
             spec = manifest.leaves[stored]
-            leaf = spec.abstract()
-            if not spec.host_local:
-                sharding = _leaf_sharding(shardings.get(stored), spec)
-                if sharding is None:
-                    return None
-                leaf = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
-            abstract[stored] = leaf
-    return {name: codec.unflatten(s, abstract) for name, s in manifest.state.items()}
+            if spec.host_local:
+                continue
+            sharding = _leaf_sharding(shardings.get(stored), spec)
+            if sharding is None:
+                return None
+            abstract = spec.abstract()
+            found[segments] = jax.ShapeDtypeStruct(
+                abstract.shape, abstract.dtype, sharding=sharding
+            )
+    return found
 
 
 def _leaf_sharding(saved: Any, spec: codec.LeafSpec) -> Any:

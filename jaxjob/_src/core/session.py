@@ -73,9 +73,10 @@ class Program:
         """The program's arguments: the donated names, and the others."""
         return {k: ws[k] for k in donate}, {k: v for k, v in ws.items() if k not in donate}
 
-    def shapes(self, ws: Mapping[str, Any]) -> dict[str, Any]:
-        """Shapes and dtypes of what the program sets: an abstract evaluation, no compile."""
-        return jax.eval_shape(self._named, {}, dict(ws))
+    def shapes(self, ws: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+        """Shapes and dtypes of what the program sets, and its jaxpr: a trace, no compile."""
+        traced = self._jitted.trace({}, dict(ws))
+        return traced.out_info, traced.jaxpr
 
     def __call__(self, ws: Workspace) -> Workspace:
         donate = _donatable(ws, self.set_names(ws))

@@ -284,8 +284,8 @@ class CheckpointManager(ManagerCore):
         """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""
         return storage.saved_shapes(self._checkpoint(epoch)[1])
 
-    def saved_targets(self, epoch: int) -> dict[str, Any] | None:
-        """The state leaves of ``epoch`` with the shardings they were saved with.
+    def saved_targets(self, epoch: int) -> dict[tuple[str, ...], Any] | None:
+        """The array state leaves of ``epoch`` with their saved shardings, by key path.
 
         None if this job's devices differ from the saving job's
         (:func:`~jaxjob._src.checkpoint.storage.saved_targets`).

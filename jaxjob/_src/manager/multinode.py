@@ -248,12 +248,12 @@ class MultiNodeCheckpointManager(ManagerCore):
             merged.update(manager.saved_shapes(epoch))
         return merged
 
-    def saved_targets(self, epoch: int) -> dict[str, Any] | None:
-        """The leaves of ``epoch`` that :meth:`load` reads, with their saved shardings.
+    def saved_targets(self, epoch: int) -> dict[tuple[str, ...], Any] | None:
+        """The array leaves of ``epoch`` that :meth:`load` reads, saved shardings, by key path.
 
         None if any node's checkpoint was saved on other devices.
         """
-        merged: dict[str, Any] = {}
+        merged: dict[tuple[str, ...], Any] = {}
         for _, manager in self._own_managers():
             found = manager.saved_targets(epoch)
             if found is None:

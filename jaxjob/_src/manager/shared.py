@@ -174,8 +174,8 @@ class Manager(Protocol):
     def saved_shapes(self, epoch: int) -> dict[str, Any]:
         """Shapes and dtypes of the leaves saved at ``epoch``."""
 
-    def saved_targets(self, epoch: int) -> dict[str, Any] | None:
-        """The leaves saved at ``epoch`` with their saved shardings; None on other devices."""
+    def saved_targets(self, epoch: int) -> dict[tuple[str, ...], Any] | None:
+        """The array leaves saved at ``epoch`` with their shardings, by key path (or None)."""
 
     def load(self, epoch: int, *, targets: Mapping[str, Any] | None = None) -> Workspace:
         """Loads the persistent workspace saved at ``epoch``."""

@@ -15,14 +15,17 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.extend
 
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.checkpoint import keypaths
 from jaxjob._src.core import checks
 from jaxjob._src.core.job import Job
 from jaxjob._src.core.session import Program, Session
 from jaxjob._src.manager.shared import Manager
 from jaxjob._src.multihost import hosts
 from jaxjob._src.run import shardings
+from jaxjob._src.run.agreement import any_process
 
 __all__ = ["loaded_nodes", "restore_targets", "resume_epoch"]
 
@@ -66,13 +69,18 @@ def restore_targets(
     """
     saved = manager.saved_shapes(epoch)
     as_saved = manager.saved_targets(epoch)
+    found = None
     if as_saved is not None:
-        targets, _ = _init_targets(job, session, manager, epoch, saved, compiled=False)
-        found = _with_saved_shardings(targets, as_saved)
-        if found is not None:
-            logger.debug("Restoring epoch %d with the shardings it was saved with", epoch)
-            return found, False
-    targets, abstract = _init_targets(job, session, manager, epoch, saved, compiled=True)
+        meshes: list[Any] = []
+        targets, _ = _init_targets(job, session, manager, epoch, saved, meshes=meshes)
+        found = _with_saved_shardings(targets, as_saved, meshes)
+    timeout_s = getattr(manager, "timeout_s", hosts.DEFAULT_TIMEOUT_S)
+    what = f"the restore shardings of epoch {epoch}"
+    if not any_process(what, found is None, timeout_s):  # every process can use them
+        logger.debug("Restoring epoch %d with the shardings it was saved with", epoch)
+        return found, False
+    logger.debug("Epoch %d: tracing the job's shardings (devices or shardings changed)", epoch)
+    targets, abstract = _init_targets(job, session, manager, epoch, saved)
     return shardings.epoch_shardings(session, job.epoch_group, epoch, abstract, targets)
 
 
@@ -83,12 +91,13 @@ def _init_targets(
     epoch: int,
     saved: dict[str, Any],
     *,
-    compiled: bool,
+    meshes: list[Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """What the init group's programs set, checked against the names saved at ``epoch``.
 
-    With ``compiled``, the programs are compiled for their output shardings;
-    without, only evaluated abstractly (shapes and dtypes).
+    Without ``meshes`` the programs are compiled for their output shardings;
+    with it, only traced (shapes and dtypes), and the meshes their jaxprs
+    name are appended to it.
 
     Returns:
         ``(targets, abstract)``: the saved names the programs set, and every
@@ -100,7 +109,11 @@ def _init_targets(
     steps = session.steps(job.init_group)
     for step in steps:
         if isinstance(step, Program):
-            produced = step.abstract(abstract) if compiled else step.shapes(abstract)
+            if meshes is None:
+                produced = step.abstract(abstract)
+            else:
+                produced, jaxpr = step.shapes(abstract)
+                meshes.extend(_meshes_in(jaxpr))
             targets.update(produced)
             abstract.update(produced)
             nodes.update(step.producers)
@@ -118,33 +131,62 @@ def _init_targets(
 
 
 def _with_saved_shardings(
-    targets: dict[str, Any], as_saved: dict[str, Any]
+    targets: dict[str, Any], as_saved: dict[tuple[str, ...], Any], meshes: list[Any]
 ) -> dict[str, Any] | None:
-    """``targets`` (the init group's shapes and dtypes) with the saved shardings.
+    """``targets`` (the init group's shapes and dtypes) with the shardings they were saved with.
 
-    Both trees' leaves are in JAX's flattening order (the saved tree is
-    rebuilt from JSON: a NamedTuple comes back as a tuple). None if a name's
-    leaves, shapes or dtypes differ from the saved ones (the restore then
-    says how).
+    Leaves are matched by key path. None (trace the job's own shardings
+    instead) if a leaf's path, shape or dtype differs from the saved one (the
+    restore then says how), or if the job names a mesh that no saved leaf is
+    on: the context mesh (``JobRunner(mesh=)``), or one the init group's
+    programs use (``meshes``, and those of their explicit-axes outputs): its
+    shardings were changed since the save.
     """
+    for leaf in jax.tree.leaves(targets):
+        if hasattr(getattr(leaf, "sharding", None), "mesh"):
+            meshes.append(leaf.sharding.mesh)
+    context = jax.sharding.get_abstract_mesh()
+    if not context.empty:
+        meshes.append(context)
+    if not _meshes_saved(meshes, as_saved):
+        return None
     found = {}
     for name, target in targets.items():
-        saved = as_saved.get(name)
-        leaves, tree = jax.tree.flatten(target)
-        stored = jax.tree.leaves(saved)
-        if saved is None or len(stored) != len(leaves):
-            return None
-        if any(
-            (a.shape, a.dtype) != (b.shape, b.dtype) for a, b in zip(leaves, stored, strict=True)
-        ):
-            return None
-        found[name] = jax.tree.unflatten(
-            tree,
-            [
-                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=b.sharding)
-                for a, b in zip(leaves, stored, strict=True)
-            ],
-        )
+        flat, tree = jax.tree_util.tree_flatten_with_path(target)
+        leaves = []
+        for path, leaf in flat:
+            saved = as_saved.get((name, *keypaths.entry_segments(path)))
+            if saved is None or (saved.shape, saved.dtype) != (leaf.shape, leaf.dtype):
+                return None
+            leaves.append(saved)
+        found[name] = jax.tree_util.tree_unflatten(tree, leaves)
+    return found
+
+
+def _meshes_saved(meshes: list[Any], as_saved: dict[tuple[str, ...], Any]) -> bool:
+    """Whether every mesh of ``meshes`` is one a saved leaf is on (an abstract one: abstractly)."""
+    saved = {s.sharding.mesh for s in as_saved.values() if hasattr(s.sharding, "mesh")}
+    abstract = {m.abstract_mesh for m in saved}
+    return all(m in saved or m in abstract for m in meshes)
+
+
+def _meshes_in(jaxpr: Any) -> list[Any]:
+    """The meshes of the named shardings a jaxpr's equations name (constraints, device_puts)."""
+    found: list[Any] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, jax.sharding.NamedSharding):
+            found.append(value.mesh)
+        elif isinstance(value, jax.extend.core.ClosedJaxpr):
+            walk(value.jaxpr)
+        elif isinstance(value, jax.extend.core.Jaxpr):
+            for eqn in value.eqns:
+                walk(list(eqn.params.values()))
+        elif isinstance(value, tuple | list):
+            for item in value:
+                walk(item)
+
+    walk(jaxpr)
     return found
 
 

@@ -1,0 +1,85 @@
+"""A job whose state is a NamedTuple of two same-shape leaves sharded differently, on 4 devices.
+
+python layout_job.py DB_PREFIX EPOCHS LAYOUT
+
+LAYOUT ``a``: a ``(4,)`` mesh ``('d',)``, ``wq`` on ``P('d', None)`` and ``wk`` on
+``P(None, 'd')``; ``b``: a ``(2, 2)`` mesh ``('d', 'e')``, ``wq`` on ``P('d', 'e')`` and
+``wk`` on ``P('e', 'd')``. The fields are not in alphabetical order, so a resume that
+matched saved shardings to leaves by position in a sorted tree would swap them. Prints one
+``RESULT {json}`` line: the last epoch, each leaf's sharding, a digest of the values, and
+how many times JAX lowered the init and train programs.
+"""
+
+import job_start  # first: no garbage collection while the job imports (see it)
+
+# isort: split
+
+import collections
+import hashlib
+import json
+import sys
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxjob
+
+job_start.imported()
+
+LOWERED: collections.Counter = collections.Counter()
+
+
+def _count(event, duration, fun_name=None, **kwargs):
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+        LOWERED[fun_name] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+class Attn(NamedTuple):
+    wq: jax.Array
+    wk: jax.Array
+
+
+def main(db_prefix: str, epochs: int, layout: str) -> None:
+    if layout == "a":
+        mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+        specs = Attn(P("d", None), P(None, "d"))
+    else:
+        mesh = jax.make_mesh((2, 2), ("d", "e"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        specs = Attn(P("d", "e"), P("e", "d"))
+    put = Attn(*(NamedSharding(mesh, s) for s in specs))
+
+    def init(ws):
+        key = jax.random.key(0)
+        attn = Attn(jax.random.normal(key, (8, 8)), jax.random.normal(key, (8, 8)) * 2)
+        return {"attn": jax.tree.map(jax.lax.with_sharding_constraint, attn, put)}
+
+    def train(ws):
+        attn = Attn(ws["attn"].wq @ ws["attn"].wk / 8, ws["attn"].wk + 0.5 * ws["attn"].wq)
+        return {"attn": jax.tree.map(jax.lax.with_sharding_constraint, attn, put)}
+
+    job = jaxjob.Job()
+    job.init_group.add(init)
+    job.epoch_group.add(train)
+    jaxjob.epoch_limiter(job, epochs)
+    session = jaxjob.Session()
+    last = jaxjob.JobRunner(job, jaxjob.CheckpointManager(db_prefix)).train(session)
+    attn = session.workspace["attn"]
+    data = b"".join(np.asarray(x).tobytes() for x in attn)
+    result = {
+        "last": last,
+        "shardings": {f: str(getattr(attn, f).sharding.spec) for f in Attn._fields},
+        "mesh": list(attn.wq.sharding.mesh.shape.values()),
+        "digest": hashlib.sha256(data).hexdigest(),
+        "lowered": {k: n for k, n in LOWERED.items() if "init" in k or "train" in k},
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
