@@ -1,8 +1,11 @@
 """Helpers shared by the benchmarks: workspaces, clocks, peak RSS and bytes read of this process."""
 
+import json
 import os
 import re
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -13,6 +16,15 @@ def workspace_arrays(leaves, leaf_bytes, seed=0):
     rng = np.random.default_rng(seed)
     n = leaf_bytes // 4
     return {f"l{i:03d}": rng.standard_normal(n, dtype=np.float32) for i in range(leaves)}
+
+
+def result_of(argv, timeout):
+    """Runs ``python ARGV`` in a fresh process; the JSON of its ``RESULT`` line."""
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"{' '.join(map(str, argv))} failed:\n{proc.stderr[-3000:]}")
 
 
 def timed(fn, *args, **kwargs):

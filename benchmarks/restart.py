@@ -16,14 +16,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import summary  # noqa: E402
+from common import result_of, summary  # noqa: E402
 
 VOCAB, DIM, LAYERS, HEADS, SEQ, BATCH, STEPS = 256, 384, 4, 6, 64, 8, 4
 
@@ -185,17 +184,8 @@ def child_main(args):
 
 
 def _child(kind, directory, epochs, first_step_only=False):
-    argv = [sys.executable, __file__, "--child", kind, directory, "--epochs", str(epochs)]
-    proc = subprocess.run(
-        argv + (["--first-step-only"] if first_step_only else []),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"{kind} failed:\n{proc.stderr[-3000:]}")
+    argv = [__file__, "--child", kind, directory, "--epochs", str(epochs)]
+    return result_of(argv + ["--first-step-only"] * first_step_only, timeout=900)
 
 
 def main():

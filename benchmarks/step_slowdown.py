@@ -16,11 +16,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+from common import result_of  # noqa: E402
 
 
 def run(directory, epochs, steps):
@@ -54,13 +55,8 @@ def run(directory, epochs, steps):
 
 
 def child(kind, directory, args):
-    argv = [sys.executable, __file__, directory, "--child", kind]
-    argv += ["--epochs", str(args.epochs), "--steps", str(args.steps)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"{kind} failed:\n{proc.stderr[-3000:]}")
+    argv = [__file__, directory, "--child", kind, "--epochs", str(args.epochs)]
+    return result_of(argv + ["--steps", str(args.steps)], timeout=1800)
 
 
 def main():
