@@ -144,15 +144,17 @@ def _layout_job(prefix, epochs, layout):
 
 
 def test_saved_shardings_go_to_their_own_leaves_and_a_changed_mesh_is_traced(tmp_path):
-    """Two same-shape NamedTuple fields (not in alphabetical order) sharded differently come
-    back each on its own sharding, compiling no init program, and end bitwise equal to an
-    uninterrupted run; a resume with another mesh on the same devices traces its shardings."""
+    """Two same-shape NamedTuple fields (not in alphabetical order) sharded differently, and
+    sharded typed PRNG keys, come back each on its own sharding, compiling no init program,
+    and end bitwise equal to an uninterrupted run; a resume with another mesh on the same
+    devices traces its shardings."""
     reference = _layout_job(tmp_path / "ref", 3, "a")
     _layout_job(tmp_path / "run", 1, "a")
     resumed = _layout_job(tmp_path / "run", 3, "a")
     assert resumed["shardings"] == {
         "wq": "P('d',)",
         "wk": "P(None, 'd')",
+        "keys": "P('d',)",
     }
     assert resumed["lowered"] == {"jit(train__count_epoch)": 1}
     assert resumed["digest"] == reference["digest"]
@@ -161,5 +163,6 @@ def test_saved_shardings_go_to_their_own_leaves_and_a_changed_mesh_is_traced(tmp
     assert changed["shardings"] == {
         "wq": "P('d', 'e')",
         "wk": "P('e', 'd')",
+        "keys": "P('d',)",
     }
     assert changed["lowered"]["jit(init__init_counter)"] == 1  # traced for its shardings
