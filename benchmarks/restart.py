@@ -100,6 +100,30 @@ def _count_compiles():
     return compiles
 
 
+def transformer_job(epochs, steps=STEPS):
+    """The transformer as a ``jaxjob.Job``: init makes the parameters, the Adam state and an
+    epoch counter; each epoch trains ``steps`` steps; ``epochs`` epochs."""
+    import jax
+
+    import jaxjob
+
+    init, step, batch = model()
+
+    def init_task(ws):
+        params, opt = init()
+        return {"params": params, "opt": opt, "epoch": jax.numpy.zeros((), "int32")}
+
+    def epoch_task(ws):
+        params, opt, loss = _epoch(step, batch, ws["params"], ws["opt"], ws["epoch"], steps)
+        return {"params": params, "opt": opt, "epoch": ws["epoch"] + 1, "loss": loss}
+
+    job = jaxjob.Job()
+    job.init_group.add(init_task)
+    job.epoch_group.add(epoch_task)
+    jaxjob.epoch_limiter(job, epochs)  # its counter fuses into the epoch's program
+    return job
+
+
 def run_jaxjob(directory, epochs, first_step_only):
     """Trains (or resumes) the jaxjob job to ``epochs``: (seconds to the first step, or to the
     return of a run with no epoch left, compiles, last epoch). It always ends its epochs."""
@@ -108,19 +132,9 @@ def run_jaxjob(directory, epochs, first_step_only):
     import jaxjob
 
     compiles = _count_compiles()
-    init, step, batch = model()
+    job = transformer_job(epochs)
     start = time.perf_counter()
     done = {}
-
-    def init_task(ws):
-        params, opt = init()
-        return {"params": params, "opt": opt, "epoch": jax.numpy.zeros((), "int32")}
-
-    def epoch_task(ws):
-        params, opt = ws["params"], ws["opt"]
-        for i in range(STEPS):
-            params, opt, loss = step(params, opt, batch(ws["epoch"], i))
-        return {"params": params, "opt": opt, "epoch": ws["epoch"] + 1, "loss": loss}
 
     def first_step(ws):
         if "s" not in done:
@@ -128,10 +142,6 @@ def run_jaxjob(directory, epochs, first_step_only):
             done["s"] = time.perf_counter() - start
         return {}
 
-    job = jaxjob.Job()
-    job.init_group.add(init_task)
-    job.epoch_group.add(epoch_task)
-    jaxjob.epoch_limiter(job, epochs)  # its counter fuses into the epoch's program
     job.epoch_group.add(first_step, jit=False)
     runner = jaxjob.JobRunner(job, jaxjob.CheckpointManager(directory))
     last = runner.train(jaxjob.Session())
@@ -171,8 +181,8 @@ def run_orbax(directory, epochs, first_step_only):
     return seconds, len(compiles), epochs
 
 
-def _epoch(step, batch, params, opt, epoch):
-    for i in range(STEPS):
+def _epoch(step, batch, params, opt, epoch, steps=STEPS):
+    for i in range(steps):
         params, opt, loss = step(params, opt, batch(epoch, i))
     return params, opt, loss
 

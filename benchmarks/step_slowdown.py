@@ -26,27 +26,11 @@ from common import result_of  # noqa: E402
 
 def run(directory, epochs, steps):
     """One run; per-epoch (epoch_time_s, save_time_s) after the first two epochs."""
-    import jax
     import restart
 
     import jaxjob
 
-    init, step, batch = restart.model()
-
-    def init_task(ws):
-        params, opt = init()
-        return {"params": params, "opt": opt, "epoch": jax.numpy.zeros((), "int32")}
-
-    def epoch_task(ws):
-        params, opt = ws["params"], ws["opt"]
-        for i in range(steps):
-            params, opt, loss = step(params, opt, batch(ws["epoch"], i))
-        return {"params": params, "opt": opt, "epoch": ws["epoch"] + 1, "loss": loss}
-
-    job = jaxjob.Job()
-    job.init_group.add(init_task)
-    job.epoch_group.add(epoch_task)
-    jaxjob.epoch_limiter(job, epochs)
+    job = restart.transformer_job(epochs, steps)
     manager = jaxjob.CheckpointManager(directory) if directory else None
     runner = jaxjob.JobRunner(job, manager, progress=["loss"])
     runner.train(jaxjob.Session())

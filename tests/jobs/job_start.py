@@ -69,6 +69,24 @@ def _cache_every_process() -> None:
     compiler._cache_write = write
 
 
+def count_lowerings():
+    """Counts, from now on, how many times JAX lowers each program (to compile it or to look it
+    up in the compilation cache); returns a function giving the counts of the job's programs
+    whose names hold ``init`` or ``train`` (jaxjob names a program after its tasks)."""
+    import collections
+
+    import jax
+
+    lowered: collections.Counter = collections.Counter()
+
+    def listen(event, duration, fun_name=None, **kwargs):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            lowered[fun_name] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    return lambda: {k: n for k, n in lowered.items() if "init" in k or "train" in k}
+
+
 def imported() -> None:
     """The script's imports are done: freeze what they made and turn the collector on again."""
     if _IN_JOB:

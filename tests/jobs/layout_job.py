@@ -15,7 +15,6 @@ import job_start  # first: no garbage collection while the job imports (see it)
 
 # isort: split
 
-import collections
 import hashlib
 import json
 import sys
@@ -30,15 +29,7 @@ import jaxjob
 
 job_start.imported()
 
-LOWERED: collections.Counter = collections.Counter()
-
-
-def _count(event, duration, fun_name=None, **kwargs):
-    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
-        LOWERED[fun_name] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count)
+LOWERED = job_start.count_lowerings()
 
 
 class Attn(NamedTuple):
@@ -85,7 +76,7 @@ def main(db_prefix: str, epochs: int, layout: str) -> None:
         | {"keys": str(keys.sharding.spec)},
         "mesh": list(attn.wq.sharding.mesh.shape.values()),
         "digest": hashlib.sha256(data).hexdigest(),
-        "lowered": {k: n for k, n in LOWERED.items() if "init" in k or "train" in k},
+        "lowered": LOWERED(),
     }
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -17,7 +17,6 @@ import job_start  # first: no garbage collection while the job imports (see it)
 
 # isort: split
 
-import collections
 import json
 import sys
 
@@ -31,15 +30,7 @@ import jaxjob
 
 job_start.imported()
 
-LOWERED: collections.Counter = collections.Counter()  # program -> times JAX lowered it
-
-
-def _count_lowerings(event, duration, fun_name=None, **kwargs):
-    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
-        LOWERED[fun_name] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_lowerings)
+LOWERED = job_start.count_lowerings()
 
 BATCH, STEPS = 8, 3
 DATA = np.random.default_rng(0).normal(size=(48, 4)).astype(np.float32)
@@ -135,7 +126,7 @@ def main() -> None:
     session = jaxjob.Session()
     last = jaxjob.JobRunner(job, jaxjob.CheckpointManager(db_prefix), mesh=mesh).train(session)
     print(f"finished at epoch {last}", flush=True)
-    print("lowered", json.dumps({k: n for k, n in LOWERED.items() if "init" in k or "train" in k}))
+    print("lowered", json.dumps(LOWERED()))
     if loader == "mesh":
         print("input_sharded", sharded, flush=True)
     jaxjob.testing.dump_workspace(session.workspace, out)

@@ -34,7 +34,6 @@ class Program:
             return self._run(donated, kept)
 
         run.__name__ = run.__qualname__ = self.name
-        self._named = run
         self._jitted = jax.jit(run, donate_argnums=0)
 
     @property

@@ -142,13 +142,9 @@ def _with_saved_shardings(
     programs use (``meshes``, and those of their explicit-axes outputs): its
     shardings were changed since the save.
     """
-    for leaf in jax.tree.leaves(targets):
-        if hasattr(getattr(leaf, "sharding", None), "mesh"):
-            meshes.append(leaf.sharding.mesh)
+    named = [leaf.sharding.mesh for leaf in jax.tree.leaves(targets) if _on_mesh(leaf)]
     context = jax.sharding.get_abstract_mesh()
-    if not context.empty:
-        meshes.append(context)
-    if not _meshes_saved(meshes, as_saved):
+    if not _meshes_saved([*meshes, *named, *([] if context.empty else [context])], as_saved):
         return None
     found = {}
     for name, target in targets.items():
@@ -163,9 +159,14 @@ def _with_saved_shardings(
     return found
 
 
+def _on_mesh(leaf: Any) -> bool:
+    """Whether ``leaf`` has a named sharding (a mesh), not one device's."""
+    return hasattr(getattr(leaf, "sharding", None), "mesh")
+
+
 def _meshes_saved(meshes: list[Any], as_saved: dict[tuple[str, ...], Any]) -> bool:
     """Whether every mesh of ``meshes`` is one a saved leaf is on (an abstract one: abstractly)."""
-    saved = {s.sharding.mesh for s in as_saved.values() if hasattr(s.sharding, "mesh")}
+    saved = {s.sharding.mesh for s in as_saved.values() if _on_mesh(s)}
     abstract = {m.abstract_mesh for m in saved}
     return all(m in saved or m in abstract for m in meshes)
 
