@@ -26,6 +26,7 @@ _EXPORTS = {  # public name -> the module defining it
     "db_name": "jaxjob._src.checkpoint.layout",
     "get_ckpt_filename": "jaxjob._src.checkpoint.layout",
     "CheckpointOptions": "jaxjob._src.manager.shared",
+    "LocalTier": "jaxjob._src.manager.local_tier",
     "DiskMetadataHandler": "jaxjob._src.manager.metadata",
     "MetadataHandler": "jaxjob._src.manager.metadata",
     "MultiNodeCheckpointManager": "jaxjob._src.manager.multinode",
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; the same names as _EXPORTS
     from jaxjob._src.core.task import TaskGroup as TaskGroup
     from jaxjob._src.core.workspace import Workspace as Workspace
     from jaxjob._src.manager.checkpoint_manager import CheckpointManager as CheckpointManager
+    from jaxjob._src.manager.local_tier import LocalTier as LocalTier
     from jaxjob._src.manager.metadata import DiskMetadataHandler as DiskMetadataHandler
     from jaxjob._src.manager.metadata import MetadataHandler as MetadataHandler
     from jaxjob._src.manager.multinode import (

@@ -14,6 +14,7 @@ PUBLIC = {
     "CheckpointInUseError": "jaxjob._src.base.errors",
     "CheckpointManager": "jaxjob._src.manager.checkpoint_manager",
     "CheckpointOptions": "jaxjob._src.manager.shared",
+    "LocalTier": "jaxjob._src.manager.local_tier",
     "CheckpointSaveError": "jaxjob._src.base.errors",
     "CorruptCheckpointError": "jaxjob._src.base.errors",
     "DiskMetadataHandler": "jaxjob._src.manager.metadata",

@@ -333,9 +333,9 @@ def test_a_manifest_that_is_not_an_object_is_corrupt(tmp_path, text, match):
 @pytest.mark.parametrize(
     "found, match",
     [
-        (4, r"has checkpoint format 4; this jaxjob reads format 5 \(write it again with this"),
-        (1, r"has checkpoint format 1; this jaxjob reads format 5 \(write it again"),
-        (6, r"has checkpoint format 6; this jaxjob reads format 5 \(it was written by a newer"),
+        (5, r"has checkpoint format 5; this jaxjob reads format 6 \(write it again with this"),
+        (1, r"has checkpoint format 1; this jaxjob reads format 6 \(write it again"),
+        (7, r"has checkpoint format 7; this jaxjob reads format 6 \(it was written by a newer"),
     ],
 )
 def test_another_format_is_refused_naming_both(doc, tmp_path, found, match):

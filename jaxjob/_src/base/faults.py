@@ -29,6 +29,9 @@ POINTS = (
     "save.write",  # the background write has started
     "save.commit",  # the write is done, the commit has not happened
     "save.after_rename",  # local disk: renamed to its final name, the parent not yet flushed
+    "local.save.copy",  # the same three of a save to the local tier (jaxjob.LocalTier)
+    "local.save.write",
+    "local.save.commit",
     "retention.delete",  # retention is deleting an old epoch
     "lock.takeover",  # a dead writer's lock is being taken over
 )

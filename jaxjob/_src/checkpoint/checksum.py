@@ -76,21 +76,27 @@ def _index(index: tuple[slice, ...], shape: tuple[int, ...]) -> Index:
     return tuple(s.indices(d)[:2] for s, d in zip(index, shape, strict=True))
 
 
-def host_shards(value: Any, *, every_replica: bool = False) -> list[tuple[Index, np.ndarray]]:
+def host_shards(
+    value: Any, *, every_replica: bool = False, first_replica: bool = False
+) -> list[tuple[Index, np.ndarray]]:
     """The host copies of the shards of a stored leaf that this process holds.
 
     Args:
         value: A stored leaf (a ``jax.Array``, a NumPy array or a scalar).
         every_replica: Every shard this process holds; False: only those it
             writes (replica 0).
+        first_replica: Those of the replica of this process's first shard
+            (what a process writing its local-tier copy alone writes).
     """
     if isinstance(value, jax.Array):
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
             value = jax.random.key_data(value)
+        shards = value.addressable_shards
+        replica = shards[0].replica_id if first_replica and shards else 0
         return [
             (_index(s.index, value.shape), np.asarray(s.data))
-            for s in value.addressable_shards
-            if every_replica or s.replica_id == 0
+            for s in shards
+            if every_replica or s.replica_id == replica
         ]
     array = np.asarray(value)
     return [(tuple((0, d) for d in array.shape), array)]
@@ -128,15 +134,21 @@ class Checksums:
         return self.start().result()
 
 
-def start(encoded: Mapping[str, Mapping[str, Any]]) -> Checksums:
+def start(encoded: Mapping[str, Mapping[str, Any]], *, first_replica: bool = False) -> Checksums:
     """Takes the host copies of what this process writes, to be hashed in the background.
+
+    ``first_replica``: a local-tier copy (see :func:`host_shards`).
 
     Returns:
         Their checksums, once asked for: stored name -> ``[[index ranges], crc, dtype]``
         lists (the dtype of the bytes hashed, so that bytes read as another dtype of the
         same size, as a re-signed manifest could declare, do not pass).
     """
-    shards = {name: host_shards(v) for leaves in encoded.values() for name, v in leaves.items()}
+    shards = {
+        name: host_shards(v, first_replica=first_replica)
+        for leaves in encoded.values()
+        for name, v in leaves.items()
+    }
     return Checksums(shards)
 
 
@@ -323,6 +335,16 @@ def mismatches(value: Any, records: Iterable[Record]) -> tuple[list[Record], int
                     bad.append(record)
                 break
     return bad, checked
+
+
+def uncovered(value: Any, records: Iterable[Record]) -> list[str]:
+    """The shards of ``value`` this process holds that no record covers, as ``"a:b, c:d"``."""
+    records = list(records)
+    return [
+        ", ".join(f"{a}:{b}" for a, b in index)
+        for index, _ in host_shards(value, every_replica=True)
+        if not any(_contains(index, ranges) for ranges, *_ in records)
+    ]
 
 
 def key_path(found: Any, item: str, stored: str) -> str:

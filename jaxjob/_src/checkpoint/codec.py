@@ -409,3 +409,45 @@ class PrivateCodec:
         if spec.kind == Kind.PRNG_KEY:
             return jax.random.wrap_key_data(array, impl=spec.impl)
         return array
+
+
+class LocalCodec(PrivateCodec):
+    """One process writes its local-tier copy alone: its shards of every ``jax.Array``.
+
+    A global ``jax.Array`` is given to Orbax as it is; this process's handler
+    writes the shards it holds (one copy of each index), so the copy can be
+    restored only onto the same shardings, by the same process. Host-local
+    leaves are stored as in a private checkpoint.
+    """
+
+    def encode(self, leaf: Any, spec: LeafSpec) -> tuple[Any, str | None]:
+        """See :class:`Codec`."""
+        if spec.kind not in (Kind.JAX, Kind.PRNG_KEY) or leaf.is_fully_addressable:
+            return super().encode(leaf, spec)  # this process's own: a NumPy host copy
+        check_storable(spec, _stored_dtype(leaf, spec))
+        if spec.kind == Kind.PRNG_KEY:
+            return jax.random.key_data(leaf), None
+        return leaf, None
+
+    def target(self, spec: LeafSpec, abstract: jax.ShapeDtypeStruct, rows: Rows) -> Any:
+        """See :class:`Codec`: a global array's target has the sharding it is restored onto."""
+        if spec.host_local or _this_process_only(abstract):
+            return super().target(spec, abstract, rows)
+        if spec.kind == Kind.PRNG_KEY:  # key data: one dimension more, not sharded
+            data = jax.eval_shape(jax.random.key_data, spec.abstract())
+            return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=abstract.sharding)
+        return abstract
+
+    def decode(self, value: Any, spec: LeafSpec, abstract: jax.ShapeDtypeStruct, rows: Rows) -> Any:
+        """See :class:`Codec`."""
+        if spec.host_local or _this_process_only(abstract):
+            return super().decode(value, spec, abstract, rows)
+        if spec.kind == Kind.PRNG_KEY:
+            return jax.random.wrap_key_data(value, impl=spec.impl)
+        return value
+
+
+def _this_process_only(abstract: jax.ShapeDtypeStruct) -> bool:
+    """Whether ``abstract`` 's sharding lies on this process's devices alone (or is unset)."""
+    sharding = getattr(abstract, "sharding", None)
+    return sharding is None or sharding.is_fully_addressable

@@ -42,7 +42,7 @@ __all__ = [
     "same_devices",
 ]
 
-FORMAT = 5  # 5: the devices record
+FORMAT = 6  # 5: the devices record; 6: the tier
 MANIFEST_ITEM = "jaxjob"
 MANIFEST_FILE = "manifest.json"
 STATE = "state"
@@ -73,6 +73,10 @@ class Manifest:
             ``jax.Array`` leaves). A resume on the same devices restores the
             arrays with the shardings they were saved with
             (:func:`same_devices`).
+        tier: ``"persistent"`` (saved under a db_prefix) or ``"local"``
+            (one process's local-tier copy: with ``owner_process`` set in a
+            multi-process job, its ``jax.Array`` leaves hold only that
+            process's shards, restorable on the same shardings only).
     """
 
     epoch: int
@@ -87,6 +91,7 @@ class Manifest:
     checksums: dict[str, Any]
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     devices: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tier: str = "persistent"
 
     @property
     def state_keys(self) -> list[str]:
@@ -157,6 +162,7 @@ class Manifest:
             checksums=doc["checksums"],
             metrics={name: float(value) for name, value in doc["metrics"].items()},
             devices=doc["devices"],
+            tier=doc["tier"],
         )
 
 
@@ -214,6 +220,7 @@ def build(
     owner_process: int | None,
     *,
     run: str,
+    tier: str = "persistent",
 ) -> tuple[Manifest, dict[str, dict[str, Any]]]:
     """The manifest of a save, and each item's leaves by stored name.
 
@@ -225,6 +232,7 @@ def build(
         owner_process: The process saving it alone, or None (every process).
         run: The run id of the db_prefix it is saved under
             (:func:`jaxjob._src.checkpoint.run_identity.ensure`).
+        tier: ``"persistent"`` or ``"local"`` (see :class:`Manifest`).
 
     Raises:
         TypeError: Naming the key path of a leaf that cannot be checkpointed.
@@ -263,6 +271,7 @@ def build(
             "files": [checksum.checksums_file(p) for p in writers],
         },
         devices=devices_record(sorted(kinds)),
+        tier=tier,
     )
     return manifest, flat
 

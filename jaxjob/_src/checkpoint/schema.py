@@ -32,8 +32,9 @@ STORED_NAME = re.compile(r"l(0|[1-9][0-9]{0,17})")  # "l0", "l1", ...: Orbax key
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # a run's id: a uuid4's hex
 FIELDS = frozenset(
     {"format", checksum.SELF_KEY, "epoch", "node", "process_count", "owner_process", "time"}
-    | {"run", "state", "outputs", "leaves", "metrics", "checksums", "devices"}
+    | {"run", "state", "outputs", "leaves", "metrics", "checksums", "devices", "tier"}
 )
+TIERS = ("persistent", "local")
 DEVICE_KEYS = frozenset({"platform", "count", "memory_kinds"})
 MAX_DEVICES = 1 << 24
 _DEVICE_WORD = re.compile(r"[A-Za-z0-9_]{1,64}")  # "cpu", "gpu", "tpu"; "device", "pinned_host"
@@ -307,3 +308,4 @@ def check(doc: Any) -> None:
     _check_metrics(doc["metrics"])
     _check_checksums(doc["checksums"], doc["process_count"], doc["owner_process"])
     _check_devices(doc["devices"])
+    _require(doc["tier"] in TIERS, "tier", doc["tier"], " or ".join(map(repr, TIERS)))

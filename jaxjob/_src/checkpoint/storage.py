@@ -61,8 +61,14 @@ __all__ = [
 PYTREE_OPTIONS: dict[str, Any] = {"use_compression": False}
 
 
-def codec_for(private: bool) -> codec.Codec:
-    """The codec of a private (one process's) or shared checkpoint."""
+def codec_for(private: bool, tier: str = "persistent") -> codec.Codec:
+    """The codec of a private (one process's) or shared checkpoint of ``tier``.
+
+    A private local-tier copy (one process of a multi-process job) keeps
+    ``jax.Array`` leaves as arrays of this process's shards (:class:`~codec.LocalCodec`).
+    """
+    if private and tier == "local":
+        return codec.LocalCodec()
     return codec.PrivateCodec() if private else codec.SharedCodec()
 
 
@@ -79,16 +85,19 @@ class _FailPoint:
 class _Handler(ocp.CompositeCheckpointHandler):
     """Orbax's composite handler with the save's fail points.
 
-    ``save.copy`` as the device-to-host copy starts; Orbax's background thread
+    ``save.copy`` as the device-to-host copy starts (``local.save.copy`` in a
+    local-tier copy, and so on); Orbax's background thread
     waits on the returned futures in order, so the first one passes
     ``save.write`` as it starts waiting for the write, the last one
     ``save.commit`` once every write is done and before the commit.
     """
 
+    points = "save"  # the fail points' prefix: "local.save" for a local-tier copy
+
     async def async_save(self, directory: Any, args: Any) -> list[Any]:
-        faults.point("save.copy")
+        faults.point(f"{self.points}.copy")
         futures = await super().async_save(directory, args) or []
-        return [_FailPoint("save.write"), *futures, _FailPoint("save.commit")]
+        return [_FailPoint(f"{self.points}.write"), *futures, _FailPoint(f"{self.points}.commit")]
 
 
 @ocp.args.register_with_handler(_Handler, for_save=True, for_restore=True)
@@ -159,7 +168,7 @@ def encode(
     global array; its digest (by key path) lets the processes check that they
     hold the same value.
     """
-    store = codec_for(private)
+    store = codec_for(private, manifest.tier)
     digests: dict[str, str] = {}
     encoded: dict[str, dict[str, Any]] = {}
     for item, leaves in flat.items():
@@ -178,7 +187,7 @@ def save_args(encoded: Mapping[str, Mapping[str, Any]], manifest: Manifest) -> o
     Starts checksumming the host copies of this process's shards in the
     background; Orbax writes them beside the manifest before the commit.
     """
-    sums = checksum.start(encoded)
+    sums = checksum.start(encoded, first_replica=manifest.tier == "local")
     doc = checksum.PendingManifest(manifest.to_json(), sums, manifest.epoch)
     items: dict[str, Any] = {MANIFEST_ITEM: orbax_private.ManifestSave(doc)}
     for item in (STATE, OUTPUTS):
@@ -268,8 +277,9 @@ def restore_selected(
             checkpoint (naming the key path), or host-local leaves were saved
             by another number of processes and ``host_map`` is None.
     """
-    store = codec_for(manifest.owner_process is not None)
+    store = codec_for(manifest.owner_process is not None, manifest.tier)
     where = f"the checkpoint of epoch {manifest.epoch} at {path!r}"
+    _check_shards_here(path, manifest)
     targets = targets or {}
     plans = {
         key: targets_lib.plan(
@@ -339,12 +349,46 @@ def _damaged(path: str, manifest: Manifest, item: str, names: Iterable[str]) -> 
         reader.close()
 
 
+def _shards_only(manifest: Manifest) -> bool:
+    """Whether ``manifest`` 's arrays hold one process's shards only (a local-tier copy)."""
+    return manifest.tier == "local" and manifest.owner_process is not None
+
+
+def _check_shards_here(path: str, manifest: Manifest) -> None:
+    """Refuses to read one process's local copy on other devices or another process.
+
+    Raises:
+        ValueError: Naming the checkpoint, the process counts and what to do.
+    """
+    if not _shards_only(manifest) or manifest.process_count == 1:
+        return
+    if same_devices(manifest) and manifest.owner_process == jax.process_index():
+        return
+    raise ValueError(
+        f"{path!r} is the local-tier copy of process {manifest.owner_process} of a "
+        f"{manifest.process_count}-process job: it holds that process's shards only, readable "
+        f"by that process on the same devices (this is process {jax.process_index()} of "
+        f"{jax.process_count()}); restore the persistent tier (the db_prefix) instead"
+    )
+
+
 def _check(path: str, manifest: Manifest, item: str, specs, restored: Mapping[str, Any]) -> None:
-    """Checks every restored shard against its checksum (CorruptCheckpointError if one differs)."""
+    """Checks every restored shard against its checksum (CorruptCheckpointError if one differs).
+
+    A local-tier copy's every restored shard must have a record: one the
+    copy does not hold (another sharding than it was saved with) is refused.
+    """
     records = checksum.read_records(path, manifest)
     lines = []
     for spec in specs:
-        bad, _ = checksum.mismatches(restored[spec.name], records.get(spec.name, []))
+        value = restored[spec.name]
+        if _shards_only(manifest) and isinstance(value, jax.Array):
+            for index in checksum.uncovered(value, records.get(spec.name, [])):
+                lines.append(
+                    f"{checksum.key_path(manifest, item, spec.name)}: shard {index} is not in "
+                    "this local copy (restored onto another sharding than it was saved with)"
+                )
+        bad, _ = checksum.mismatches(value, records.get(spec.name, []))
         lines += [
             checksum.describe(path, item, spec, manifest, r, "checksum mismatch") for r in bad
         ]

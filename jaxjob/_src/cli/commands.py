@@ -57,18 +57,24 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
 
 
 def ls(directory: str, *, as_json: bool = False) -> int:
-    """Prints a row per checkpoint under ``directory``: node, epoch, committed, size, save, age."""
-    from jaxjob._src.checkpoint.listing import list_checkpoints
+    """Prints a row per checkpoint under ``directory``: node, epoch, committed, size, save, age.
 
-    rows = [row.to_json() for row in list_checkpoints(directory)]
+    A db_prefix whose run has a local tier also lists that tier's
+    directories on this machine, with a ``tier`` column.
+    """
+    from jaxjob._src.checkpoint.listing import list_tiers
+
+    rows = [row.to_json() for row in list_tiers(directory)]
     if as_json:
         print(json.dumps(rows, indent=1))
         return 0
-    table = [("node", "epoch", "committed", "size", "save", "age")]
+    tiers = any(r["tier"] != "persistent" for r in rows)
+    table = [("node", "epoch", "committed", "size", "save", "age", *(("tier",) if tiers else ()))]
     for r in rows:
         committed = "yes" if r["committed"] else "no"
         size, save, age = human(r["size_bytes"]), _seconds(r["save_s"]), _age(r["age_s"])
-        table.append((r["node"], str(r["epoch"]), committed, size, save, age))
+        tier = (r["tier"],) if tiers else ()
+        table.append((r["node"], str(r["epoch"]), committed, size, save, age, *tier))
     _print_table(table)
     return 0
 

@@ -465,8 +465,19 @@ class _ThisProcessNumpyHandler(ocp.type_handlers.NumpyHandler):
 
 
 def private_registry() -> Any:
-    """The Orbax type-handler registry of private items: NumPy arrays only."""
-    return ocp.type_handlers.create_type_handler_registry((np.ndarray, _ThisProcessNumpyHandler()))
+    """The Orbax type-handler registry of private items: NumPy arrays and ``jax.Array`` s.
+
+    A ``jax.Array`` (only in a local-tier copy: other private checkpoints
+    store NumPy host copies) is written by this process alone, one copy of
+    each shard it holds (``primary_host=None``, ``replica_id=None``: the
+    replica of its first shard), the way Orbax's own local checkpoints are.
+    """
+    arrays = ocp.type_handlers.ArrayHandler(
+        primary_host=None, replica_id=None, use_replica_parallel=False
+    )
+    return ocp.type_handlers.create_type_handler_registry(
+        (np.ndarray, _ThisProcessNumpyHandler()), (jax.Array, arrays)
+    )
 
 
 def private_options() -> ocp.options.MultiprocessingOptions:

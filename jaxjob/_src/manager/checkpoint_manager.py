@@ -7,6 +7,7 @@ save protocol is :mod:`jaxjob._src.manager.writer` and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ from jaxjob._src.core.workspace import Workspace
 from jaxjob._src.manager import keep as keep_lib
 from jaxjob._src.manager import retention
 from jaxjob._src.manager.facade import ManagerCore
+from jaxjob._src.manager.local_copy import LocalMetadata
+from jaxjob._src.manager.local_tier import LocalTier
 from jaxjob._src.manager.metadata import MetadataHandler
 from jaxjob._src.manager.save_round import Round
 from jaxjob._src.manager.shared import (
@@ -87,6 +90,10 @@ class CheckpointManager(ManagerCore):
             deleted; deletion runs after a newer epoch has committed, on one
             process (process 0, or ``owner_process``), and a failed deletion
             is logged and retried after the next commit.
+        local: A :class:`~jaxjob.LocalTier`: a second, per-process tier on
+            local disk, saved more often than ``db_prefix`` (the persistent
+            tier); the runner resumes from the newer of the two (see
+            ``README.md``, "Two tiers").
 
     The manager writes only while it holds the node's lock
     (``<db_prefix>/.jaxjob/<node>.lock``, see :mod:`jaxjob._src.manager.lock`), taken by
@@ -126,6 +133,7 @@ class CheckpointManager(ManagerCore):
         owner_process: int | None = None,
         keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
         options: CheckpointOptions | None = None,
+        local: LocalTier | None = None,
     ) -> None:
         options = resolve_options(
             options,
@@ -135,7 +143,7 @@ class CheckpointManager(ManagerCore):
             host_map=host_map,
             storage_timeout_s=storage_timeout_s,
         )
-        super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep)
+        super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep, local=local)
         node_name = check_node_name(node_name)
         self._writer = NodeWriter(
             self._db_prefix,
@@ -149,6 +157,18 @@ class CheckpointManager(ManagerCore):
         self._exchange_stats = not self._writer.private
         if self._keep:
             self._retention = retention.Retention(self._db_prefix, [node_name], self._keep)
+
+    def _make_local(self, directory: str) -> CheckpointManager:
+        """This node's manager over the local ``directory``: this process alone writes it."""
+        tier = self.local_tier
+        return CheckpointManager(
+            directory,
+            self._writer.node_name,
+            metadata_handler=LocalMetadata(),
+            owner_process=jax.process_index() if jax.process_count() > 1 else None,
+            keep=tier.keep if tier is not None else None,
+            options=dataclasses.replace(self.options, host_map=None, storage_timeout_s=None),
+        )
 
     @classmethod
     def _over(cls, writer: NodeWriter, parent: ManagerCore) -> CheckpointManager:

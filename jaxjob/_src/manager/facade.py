@@ -23,6 +23,8 @@ from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import common_epochs, db_name, is_committed
 from jaxjob._src.manager import boundary, retention, save_round
 from jaxjob._src.manager import keep as keep_lib
+from jaxjob._src.manager.local_copy import LocalCopy
+from jaxjob._src.manager.local_tier import LOCAL, PERSISTENT, LocalTier
 from jaxjob._src.manager.metadata import METADATA_FILE, DiskMetadataHandler, MetadataHandler
 from jaxjob._src.manager.records import ProcessStats, Stats
 from jaxjob._src.manager.save_round import Round
@@ -55,13 +57,16 @@ class ManagerCore:
         options: CheckpointOptions,
         *,
         keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
+        local: LocalTier | None = None,
     ) -> None:
         self._keep = keep_lib.normalize(keep)
+        if local is not None and not isinstance(local, LocalTier):
+            raise TypeError(f"local must be a jaxjob.LocalTier or None, got {local!r}")
         self._db_prefix = fs.normalize(db_prefix, "db_prefix")
         if options.storage_timeout_s is not None:
             fs.set_storage_timeout(self._db_prefix, options.storage_timeout_s)
-        local = not fs.is_remote(self._db_prefix)
-        if local and fs.exists(self._db_prefix) and not fs.is_dir(self._db_prefix):
+        on_disk = not fs.is_remote(self._db_prefix)
+        if on_disk and fs.exists(self._db_prefix) and not fs.is_dir(self._db_prefix):
             raise NotADirectoryError(
                 f"db_prefix {self._db_prefix!r} is a file, not a directory; pass the "
                 "directory that holds (or will hold) the checkpoints"
@@ -78,6 +83,7 @@ class ManagerCore:
         self._round_stats: tuple[ProcessStats, ...] | None = None
         self._accessible = True  # the metadata handler's answer for the next save
         self._retention: retention.Retention | None = None
+        self._local = None if local is None else LocalCopy(local, self._db_prefix, self._make_local)
 
     @property
     def db_prefix(self) -> str:
@@ -117,13 +123,115 @@ class ManagerCore:
         raise NotImplementedError
 
     def has_pending(self) -> bool:
-        """Whether a save of this process is in flight."""
-        return any(w.has_pending() for w in self._writers())
+        """Whether a save of this process is in flight (to either tier)."""
+        local = self._local_manager()
+        return any(w.has_pending() for w in self._writers()) or bool(local and local.has_pending())
 
     @property
     def failures(self) -> list[CheckpointSaveError]:
-        """Every save failure recorded on this process, node by node, in order."""
+        """Every save failure recorded on this process, node by node, in order (persistent tier)."""
         return [f for w in self._writers() for f in w.failures]
+
+    # ---- the local tier ---------------------------------------------------------------------
+
+    @property
+    def local_tier(self) -> LocalTier | None:
+        """The local tier's settings (``local=``), or None: one tier."""
+        return None if self._local is None else self._local.tier
+
+    def _make_local(self, directory: str) -> ManagerCore:
+        """A manager of this kind over this process's local ``directory`` (this process alone)."""
+        raise NotImplementedError
+
+    def _local_manager(self) -> ManagerCore | None:
+        """The manager of this process's local tier, if it was made."""
+        return None if self._local is None else self._local._manager
+
+    def tier_manager(self, tier: str) -> ManagerCore:
+        """The manager reading ``tier``: this one (``"persistent"``), or the local one."""
+        if tier == PERSISTENT:
+            return self
+        if tier != LOCAL or self._local is None:
+            raise ValueError(f"this manager has no tier {tier!r}; it has {self.tiers()}")
+        return self._local.manager
+
+    def tiers(self) -> list[str]:
+        """``["persistent"]``, or ``["persistent", "local"]`` with a local tier."""
+        return [PERSISTENT] if self._local is None else [PERSISTENT, LOCAL]
+
+    def save_local(
+        self, epoch: int, workspace: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None
+    ) -> None:
+        """Saves ``epoch`` to this process's local tier, waiting on no other process.
+
+        The checkpoint holds this process's shards and host-local leaves; it
+        is committed atomically and durably (asynchronously, like
+        :meth:`save`). Its stats go to the metadata handler
+        (``"checkpoint_save"``, ``"tier": "local"``).
+
+        Raises:
+            ValueError: If this manager has no local tier.
+            CheckpointSaveError: This save's problem, or a previous local save's failure.
+            CheckpointInUseError: If another live process writes this local directory.
+        """
+        if self._local is None:
+            raise ValueError("save_local needs a manager made with local=jaxjob.LocalTier(...)")
+        self._flush_committed_metadata()
+        try:
+            self._local.save(epoch, workspace, outputs, _set_run)
+        finally:
+            self.report_local_stats("checkpoint_save")
+
+    def report_local_stats(self, action_name: str) -> None:
+        """Sends this process's stats of its last local-tier action to the metadata handler.
+
+        Each entry has ``"tier": "local"``; no other process is waited on.
+        """
+        local = self._local_manager()
+        mine = local._last_stats() if local is not None else {}
+        if mine:
+            stats = boundary.gather_stats(mine, self.timeout_s, exchange=False)
+            for entry in stats.values():
+                entry["tier"] = LOCAL
+            self._metadata_handler.report(action_name, stats)
+
+    def forget_local_after(self, epoch: int | None) -> None:
+        """Removes this process's local checkpoints newer than ``epoch`` (None: all of them).
+
+        The runner calls it once it knows where the run goes on from (a fresh
+        start, or the epoch it resumed from): a newer local epoch is what a
+        killed life of the job left, and must never be resumed from later.
+        """
+        if self._local is not None:
+            self._local.forget_after(epoch)
+
+    def local_candidates(self, newer_than: int | None) -> tuple[list[int], list[str]]:
+        """This process's local epochs newer than ``newer_than`` it can resume from, newest first.
+
+        Returns:
+            ``(epochs, why)``: see :meth:`jaxjob._src.manager.local_copy.LocalCopy.candidates`.
+        """
+        if self._local is None:
+            return [], []
+        return self._local.candidates(newer_than)
+
+    def finish_local_tier(self) -> list[CheckpointSaveError]:
+        """Waits for this process's local save in flight, then applies the local ``keep``.
+
+        Returns:
+            Its failure, if any (recorded, not raised).
+        """
+        local = self._local_manager()
+        if local is None:
+            return []
+        try:
+            local.wait_until_finished()  # one process's tier: waits on no other process
+        except CheckpointSaveError as err:
+            return [err]
+        finally:
+            for writer in local._writers():
+                writer._retry_failed()  # what failed saves' threads wrote after their cleanup
+        return []
 
     def _committed(self, node: str) -> list[int]:
         return common_epochs(self._db_prefix, [node], self._path_prefix)
@@ -190,7 +298,7 @@ class ManagerCore:
         finished = [w.finish() for w in self._writers() if w.own]
         failures = [f for f in finished if f is not None]
         self._flush_metadata(committed=not failures)
-        return failures
+        return failures + self.finish_local_tier()
 
     def _last_stats(self) -> dict[str, Stats]:
         """Each writer's last action's stats, by checkpoint directory."""
@@ -355,6 +463,20 @@ class ManagerCore:
         if due is not None and committed:
             self._write_metadata(due)
 
+    def _flush_committed_metadata(self) -> None:
+        """Writes the deferred metadata record once its save is committed, without waiting.
+
+        Between persistent saves (local-tier epochs) the persistent save in
+        flight is not waited for; its record is written as soon as its commit
+        marker is there, so that a kill before the next persistent save still
+        resumes from it.
+        """
+        due = self._metadata_due
+        writers = [w for w in self._writers() if w.pending_epoch() == due]
+        if due is not None and all(is_committed(w.pending_path()) for w in writers):
+            self._metadata_due = None
+            self._write_metadata(due)
+
     def _write_metadata(self, epoch: int) -> None:
         try:
             self._metadata_handler.write(epoch=epoch)
@@ -387,6 +509,9 @@ class ManagerCore:
             stats = boundary.merge_stats(agreed, mine)
         else:
             stats = boundary.gather_stats(mine, self.timeout_s, exchange=self._exchange_stats)
+        if self._local is not None:
+            for entry in stats.values():
+                entry["tier"] = PERSISTENT
         self._metadata_handler.report(action_name, stats)
 
     def close(self) -> None:
@@ -396,3 +521,11 @@ class ManagerCore:
         finally:
             for writer in self._writers():
                 writer.close()
+            local = self._local_manager()
+            if local is not None:
+                local.close()
+
+
+def _set_run(writer: NodeWriter, run: str) -> None:
+    """Makes ``writer`` record ``run`` (the persistent tier's) in the checkpoints it saves."""
+    writer._run = run

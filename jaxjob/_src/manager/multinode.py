@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from jaxjob._src.manager import keep as keep_lib
 from jaxjob._src.manager import retention
 from jaxjob._src.manager.checkpoint_manager import CheckpointManager
 from jaxjob._src.manager.facade import ManagerCore
+from jaxjob._src.manager.local_copy import LocalMetadata
+from jaxjob._src.manager.local_tier import LocalTier
 from jaxjob._src.manager.metadata import MetadataHandler
 from jaxjob._src.manager.save_round import Round
 from jaxjob._src.manager.shared import (
@@ -68,6 +71,9 @@ class MultiNodeCheckpointManager(ManagerCore):
             when ``node_processes`` gives them all to one process).
         options: The options above but ``node_processes`` and ``keep`` as
             one :class:`~jaxjob.CheckpointOptions`.
+        local: A :class:`~jaxjob.LocalTier`: a per-process local copy of
+            every node, saved more often than ``db_prefix`` (see
+            :class:`~jaxjob.CheckpointManager`).
 
     Each node's writer takes that node's lock (see :mod:`jaxjob._src.manager.lock`);
     the processes agree on every node's save in one exchange.
@@ -96,6 +102,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         node_processes: Mapping[str, int] | None = None,
         keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
         options: CheckpointOptions | None = None,
+        local: LocalTier | None = None,
     ) -> None:
         options = resolve_options(
             options,
@@ -105,7 +112,7 @@ class MultiNodeCheckpointManager(ManagerCore):
             host_map=host_map,
             storage_timeout_s=storage_timeout_s,
         )
-        super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep)
+        super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep, local=local)
         self._node_processes = {str(k): check_owner(v) for k, v in (node_processes or {}).items()}
         self._node_writers: list[NodeWriter] | None = None
         self._node_managers: list[tuple[str, CheckpointManager]] = []
@@ -113,6 +120,21 @@ class MultiNodeCheckpointManager(ManagerCore):
 
     def __repr__(self) -> str:
         return f"MultiNodeCheckpointManager({self._db_prefix!r})"
+
+    def _make_local(self, directory: str) -> MultiNodeCheckpointManager:
+        """Every node's manager over the local ``directory``: this process alone writes it."""
+        tier = self.local_tier
+        me = jax.process_index()
+        nodes = self.node_names()
+        local = MultiNodeCheckpointManager(
+            directory,
+            metadata_handler=LocalMetadata(),
+            node_processes=dict.fromkeys(nodes, me) if jax.process_count() > 1 else None,
+            keep=tier.keep if tier is not None else None,
+            options=dataclasses.replace(self.options, host_map=None, storage_timeout_s=None),
+        )
+        local.init(nodes, key_nodes=self._key_nodes)
+        return local
 
     @property
     def node_managers(self) -> list[tuple[str, CheckpointManager]]:

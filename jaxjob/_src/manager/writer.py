@@ -91,6 +91,7 @@ class NodeWriter:
         self._lock: lock.Handle | None = None
         self._failed = retention.FailedSaves()
         self._run: str | None = None  # the db_prefix's run id, read (or created) by the first save
+        self.tier = "persistent"  # "local" for a local-tier copy (its manifests say so)
 
     @property
     def deletes(self) -> bool:
@@ -113,6 +114,10 @@ class NodeWriter:
     def pending_epoch(self) -> int | None:
         """The epoch of the save in flight, or None."""
         return self._pending.epoch if self._pending else None
+
+    def pending_path(self) -> str | None:
+        """The checkpoint directory of the save in flight, or None."""
+        return self._pending.db if self._pending else None
 
     def wait_s(self, started: float | None) -> float:
         """``timeout_s`` plus what remains of the write started at ``started`` (others await it)."""
@@ -205,7 +210,7 @@ class NodeWriter:
         self._run = self._run or run_identity.ensure(self.db_prefix)
         found, flat = manifest.build(
             plan.epoch, self.node_name, Workspace(workspace), Workspace(outputs),
-            self.owner_process, run=self._run,
+            self.owner_process, run=self._run, tier=self.tier,
         )  # fmt: skip
         metrics = retention.metrics_of(self.required_outputs, outputs, workspace)
         plan.found = dataclasses.replace(found, metrics=metrics)
@@ -296,6 +301,8 @@ class NodeWriter:
     def _get_saver(self) -> ocp.Checkpointer:
         if self._saver is None:
             handler = storage.composite_handler(self.db_prefix, self.private)
+            if self.tier == "local":
+                handler.points = "local.save"  # the fault kit kills a local save apart
             timeout = self.options.write_timeout_s if self.options.async_save else None
             self._saver = orbax_private.checkpointer(
                 self.db_prefix, handler, private=self.private, async_timeout_s=timeout

@@ -23,6 +23,7 @@ class Boundary:
     stop: bool
     preempted: bool
     save: bool
+    local: bool = False  # a save to the local tier (never with ``save``: that epoch is durable)
 
 
 def agree_boundary(
@@ -35,6 +36,7 @@ def agree_boundary(
     failures: SaveFailures,
     manager: Manager | None,
     timeout_s: float,
+    local: tuple[SaveInterval, SaveClock] | None = None,
 ) -> Boundary:
     """One exchange per epoch: stop conditions, preemption signals, process 0's clock.
 
@@ -44,15 +46,19 @@ def agree_boundary(
     Returns:
         Stop if a stop condition holds on any process, preempted if any
         process was signalled, and save if either holds or process 0's clock
-        (or the epochs since the last save) makes a save due.
+        (or the epochs since the last save) makes a save due; with a
+        ``local`` tier (its interval and clock), local if the epoch is not
+        saved to the persistent tier and the local interval makes it due.
     """
     due_by_time = interval.due_by_time(clock.seconds_since())
+    local_by_time = local is not None and local[0].due_by_time(local[1].seconds_since())
     posts = hosts.exchange(
         f"the stop conditions of epoch {epoch}",
         {
             "flag": bool(stop),
             "preempted": bool(preempted),
             "due_by_time": due_by_time,
+            "local_by_time": local_by_time,
             "metadata": failures.take_unshared(),
         },
         timeout_s=timeout_s,
@@ -63,7 +69,11 @@ def agree_boundary(
         logger.warning("Processes %s were preempted: stopping after epoch %d", signalled, epoch)
     stop, preempted = any(p["flag"] for p in posts), bool(signalled)
     due = posts[0]["due_by_time"] or interval.due_by_epochs(epoch - clock.epoch)
-    return Boundary(stop=stop, preempted=preempted, save=stop or preempted or due)
+    save = stop or preempted or due
+    local_due = local is not None and (
+        posts[0]["local_by_time"] or local[0].due_by_epochs(epoch - local[1].epoch)
+    )
+    return Boundary(stop=stop, preempted=preempted, save=save, local=local_due and not save)
 
 
 def any_process(what: str, flag: bool, timeout_s: float) -> list[int]:

@@ -30,7 +30,7 @@ import numpy as np
 
 __all__ = ["Progress", "check_names", "format_line"]
 
-RESERVED = ("epoch", "epoch_time_s", "save_time_s", "save_interval_s")  # history keys
+RESERVED = ("epoch", "epoch_time_s", "save_time_s", "save_interval_s", "saved_to")  # history keys
 SAVE_FAILED = "save_failed"  # the key, only in a record whose save met failures: their epochs
 
 
@@ -83,6 +83,8 @@ def format_line(record: Mapping[str, Any]) -> str:
         'epoch 3  loss 0.2500  time 0.500s  save 0.010s'
         >>> format_line({"epoch": 4, "epoch_time_s": 0.5, "save_time_s": 0.01, "save_failed": [4]})
         'epoch 4  time 0.500s  save FAILED'
+        >>> format_line({"epoch": 5, "epoch_time_s": 0.5, "save_time_s": 0.01, "saved_to": "local"})
+        'epoch 5  time 0.500s  save 0.010s local'
     """
     values = [
         f"{k} {v:.4g}" if abs(v) >= 1e4 or (v and abs(v) < 1e-3) else f"{k} {v:.4f}"
@@ -91,6 +93,8 @@ def format_line(record: Mapping[str, Any]) -> str:
     ]
     failed = record.get(SAVE_FAILED, [])
     own = "save FAILED" if record["epoch"] in failed else f"save {record['save_time_s']:.3f}s"
+    if record.get("saved_to") and record["epoch"] not in failed:
+        own += f" {record['saved_to']}"
     earlier = [f"save of epoch {e} FAILED" for e in failed if e != record["epoch"]]
     return "  ".join(
         [f"epoch {record['epoch']}", *values, f"time {record['epoch_time_s']:.3f}s", own, *earlier]
@@ -150,7 +154,13 @@ class Progress:
         self._failed.append(epoch)
 
     def epoch_done(
-        self, epoch: int, ws: Mapping[str, Any], *, epoch_time_s: float, save_time_s: float
+        self,
+        epoch: int,
+        ws: Mapping[str, Any],
+        *,
+        epoch_time_s: float,
+        save_time_s: float,
+        saved_to: str | None = None,
     ) -> dict[str, Any]:
         """Records epoch ``epoch`` (its run's workspace ``ws``), shows it and returns the record.
 
@@ -161,6 +171,8 @@ class Progress:
         record: dict[str, Any] = {"epoch": epoch}
         record.update({name: _scalar(name, ws, epoch) for name in self.names})
         record.update(epoch_time_s=epoch_time_s, save_time_s=save_time_s)
+        if saved_to is not None:  # a manager with two tiers: which one this epoch went to
+            record["saved_to"] = saved_to
         if self._failed:
             record[SAVE_FAILED], self._failed = self._failed, []
         self.history.append(record)

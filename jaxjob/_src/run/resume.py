@@ -12,6 +12,8 @@ shardings the epochs leave from there (:mod:`jaxjob._src.run.shardings`).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
 import jax
@@ -27,7 +29,7 @@ from jaxjob._src.multihost import hosts
 from jaxjob._src.run import shardings
 from jaxjob._src.run.agreement import any_process
 
-__all__ = ["loaded_nodes", "restore_targets", "resume_epoch"]
+__all__ = ["LocalChoice", "local_choice", "loaded_nodes", "restore_targets", "resume_epoch"]
 
 logger = get_logger(__name__)
 
@@ -51,9 +53,54 @@ def resume_epoch(
         lambda: manager.get_resume_from_epoch_id(requested),
         timeout_s=timeout_s,
     )
-    if resume is not None:
+    two_tiers = getattr(manager, "local_tier", None) is not None and requested is None
+    if resume is not None and not two_tiers:  # else the runner says which tier it resumes from
         logger.info("Resuming from epoch %d", resume)
     return resume
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalChoice:
+    """The local tier's epochs that every process can resume from, and why others cannot.
+
+    Attributes:
+        epochs: Newer than the persistent tier's resume epoch, newest first,
+            committed and intact (manifest, file table) on every process.
+        why: Why a newer local epoch is not among them (one clause each).
+    """
+
+    epochs: list[int]
+    why: list[str]
+
+
+def local_choice(manager: Manager, persistent: int | None, timeout_s: float) -> LocalChoice:
+    """The local epochs newer than ``persistent`` that every process holds (one exchange).
+
+    Every process lists its own local tier; an epoch counts only if every
+    process can resume from it, so processes never resume from a mix of epochs.
+    """
+    mine, why = manager.local_candidates(persistent)
+    posts = hosts.exchange(
+        "the local tier's epochs", {"epochs": mine, "why": why[:4]}, timeout_s=timeout_s
+    )
+    common = set(posts[0]["epochs"]).intersection(*(set(p["epochs"]) for p in posts[1:]))
+    reasons: list[str] = []
+    for process, post in enumerate(posts):
+        lacking = sorted(set().union(*(set(p["epochs"]) for p in posts)) - set(post["epochs"]))
+        where = f"process {process}" if len(posts) > 1 else "this process"
+        reasons += [f"{where}: {line}" for line in post["why"]]
+        if lacking and not post["why"]:
+            reasons.append(f"{where} has no local epoch {lacking}")
+    if common:  # what the processes lack above the chosen epoch is all that matters
+        newest = max(common)
+        reasons = [r for r in reasons if not _only_older(r, newest)]
+    return LocalChoice(sorted(common, reverse=True), reasons)
+
+
+def _only_older(reason: str, newest: int) -> bool:
+    """Whether ``reason`` is about local epochs no newer than ``newest`` alone."""
+    epochs = [int(e) for e in re.findall(r"local epoch (\d+)", reason)]
+    return bool(epochs) and max(epochs) <= newest
 
 
 def restore_targets(

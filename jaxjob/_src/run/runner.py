@@ -12,7 +12,7 @@ import jax
 
 from jaxjob._src.base import faults
 from jaxjob._src.base.checks import is_int
-from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
+from jaxjob._src.base.errors import CheckpointSaveError, CorruptCheckpointError, as_save_error
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.preemption import SignalWatch, check_signals
 from jaxjob._src.checkpoint.codec import UnstorableLeafError
@@ -21,14 +21,15 @@ from jaxjob._src.core import checks
 from jaxjob._src.core.job import Job
 from jaxjob._src.core.session import Session
 from jaxjob._src.core.task import DEFAULT_NODE
+from jaxjob._src.manager.local_tier import LOCAL, PERSISTENT
 from jaxjob._src.manager.shared import Manager
 from jaxjob._src.multihost import hosts
 from jaxjob._src.run import shardings
 from jaxjob._src.run.agreement import Boundary, agree_boundary, any_process
 from jaxjob._src.run.auto_interval import AutoInterval, save_policy
-from jaxjob._src.run.interval import SaveClock
+from jaxjob._src.run.interval import SaveClock, SaveInterval
 from jaxjob._src.run.progress import Progress, check_names
-from jaxjob._src.run.resume import restore_targets, resume_epoch
+from jaxjob._src.run.resume import local_choice, restore_targets, resume_epoch
 from jaxjob._src.run.save_failures import SAVE_ERROR_POLICIES, SaveFailures
 from jaxjob._src.run.upload import UploadTaskGroupBuilder
 
@@ -167,6 +168,7 @@ class JobRunner:
         )
         self.preemption_signals = check_signals(preemption_signals)
         self._clock = SaveClock()
+        self._local: tuple[SaveInterval, SaveClock] | None = None  # the local tier's schedule
         self._deferred_shardings = False
 
     @property
@@ -264,11 +266,13 @@ class JobRunner:
 
     def _start(self, session: Session, resume: int | None) -> tuple[int, bool]:
         manager = self.checkpoint_manager
+        self._local = self._local_schedule(manager)
         if resume is None:
             session.run(self.job.init_group)
             self._clock = SaveClock(0)  # an auto interval counts from epoch 0's save start
             if manager is not None:
                 manager.init(self._nodes(), key_nodes=session.key_nodes)
+                self._forget_local(manager, None)
                 saving = time.perf_counter()
                 self.save_checkpoints(0, session)
                 self._saved(time.perf_counter() - saving, provisional=True)
@@ -278,19 +282,85 @@ class JobRunner:
         if manager is None:
             raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
         manager.init(self._nodes(), retrieve_from_epoch=resume)
-        targets, self._deferred_shardings = restore_targets(self.job, session, manager, resume)
-        session.workspace = manager.load(resume, targets=targets)
-        session.traced_names = set(targets)
-        manager.report_checkpoint_stats("checkpoint_load")
-        if self.resume_from_epoch is not None or resume == 0:
-            return resume, False
-        values, _ = self.job.stop_values(session.workspace.set(manager.load_outputs(resume)))
+        tier, epoch = self._restore(session, manager, resume)
+        source = manager.tier_manager(tier) if tier == LOCAL else manager
+        if self._local is not None:
+            self._local = (self._local[0], SaveClock(epoch))
+        if self.resume_from_epoch is not None or epoch == 0:
+            return epoch, False
+        values, _ = self.job.stop_values(session.workspace.set(source.load_outputs(epoch)))
         stopped = any_process(
-            f"the stop conditions of epoch {resume}", any(values), self._timeout_s()
+            f"the stop conditions of epoch {epoch}", any(values), self._timeout_s()
         )
         if stopped:
-            logger.info("The checkpoint of epoch %d meets a stop condition: finished", resume)
-        return resume, bool(stopped)
+            logger.info("The checkpoint of epoch %d meets a stop condition: finished", epoch)
+        return epoch, bool(stopped)
+
+    def _local_schedule(self, manager: Manager | None) -> tuple[SaveInterval, SaveClock] | None:
+        tier = getattr(manager, "local_tier", None)
+        if tier is None:
+            return None
+        interval = SaveInterval(every_epochs=tier.every_epochs, every_seconds=tier.every_seconds)
+        return interval, SaveClock(0)
+
+    def _forget_local(self, manager: Manager, epoch: int | None) -> None:
+        """Drops local epochs newer than ``epoch`` (all on a fresh start): another life's."""
+        if self._local is not None:
+            manager.forget_local_after(epoch)
+
+    def _restore(self, session: Session, manager: Manager, persistent: int) -> tuple[str, int]:
+        """Restores the newest epoch intact on every process, from either tier: ``(tier, epoch)``.
+
+        Without a local tier (or with ``resume_from_epoch``) that is the
+        persistent tier's ``persistent``. Otherwise every process lists its
+        local tier (one exchange); the newest local epoch newer than
+        ``persistent`` that every process holds is restored, and if it does
+        not restore on some process (a damaged array), the next older one;
+        else ``persistent``. One INFO line says which tier, epoch and why.
+        """
+        timeout_s = self._timeout_s()
+        if self._local is None or self.resume_from_epoch is not None:
+            self._load(session, manager, persistent)
+            manager.report_checkpoint_stats("checkpoint_load")
+            return PERSISTENT, persistent
+        choice = local_choice(manager, persistent, timeout_s)
+        local = manager.tier_manager(LOCAL)
+        for epoch in choice.epochs:
+            failed: Exception | None = None
+            try:
+                self._load(session, local, epoch)
+            except (CorruptCheckpointError, OSError, ValueError) as err:
+                failed = err
+            where = any_process(
+                f"the restore of local epoch {epoch}", failed is not None, timeout_s
+            )
+            manager.report_local_stats("checkpoint_load")
+            if not where:
+                logger.info(
+                    "Resuming from epoch %d of the local tier (%s): the newest epoch intact on "
+                    "every process; the persistent tier's newest is %d%s",
+                    epoch, local.db_prefix, persistent,
+                    "; passed over: " + "; ".join(choice.why) if choice.why else "",
+                )  # fmt: skip
+                self._forget_local(manager, epoch)
+                return LOCAL, epoch
+            choice.why.append(f"local epoch {epoch} did not restore on processes {where}")
+            if failed is not None:
+                logger.warning("Local epoch %d did not restore here: %s", epoch, failed)
+        self._load(session, manager, persistent)
+        manager.report_checkpoint_stats("checkpoint_load")
+        logger.info(
+            "Resuming from epoch %d of the persistent tier (%s): %s",
+            persistent, manager.db_prefix,
+            "; ".join(choice.why) or "no local epoch is newer",
+        )  # fmt: skip
+        self._forget_local(manager, persistent)
+        return PERSISTENT, persistent
+
+    def _load(self, session: Session, source: Manager, epoch: int) -> None:
+        targets, self._deferred_shardings = restore_targets(self.job, session, source, epoch)
+        session.workspace = source.load(epoch, targets=targets)
+        session.traced_names = set(targets)
 
     def _run_epoch(self, epoch: int, session: Session, watch: SignalWatch) -> Boundary:
         logger.debug("Starting epoch %d", epoch)
@@ -313,20 +383,34 @@ class JobRunner:
             failures=self._failures,
             manager=self.checkpoint_manager,
             timeout_s=self._timeout_s(),
+            local=self._local,
         )
         save_time_s = 0.0
-        if self.checkpoint_manager is not None and boundary.save:
+        saved_to = None
+        if self.checkpoint_manager is not None and (boundary.save or boundary.local):
             wanted = [*read, *self.checkpoint_manager.required_outputs]
             outputs = {k: run[k] for k in wanted if k in run and k not in session.workspace}
             jax.block_until_ready(run)  # the save's copy would wait for it: not save time
             saving = time.perf_counter()
-            self._clock.saved(epoch)
-            self.save_checkpoints(epoch, session, outputs=outputs)
+            if self._local is not None:
+                self._local[1].saved(epoch)  # either tier's save restarts the local interval
+            if boundary.save:
+                self._clock.saved(epoch)
+                self.save_checkpoints(epoch, session, outputs=outputs)
+                saved_to = PERSISTENT
+            else:
+                self._save_local(epoch, session, outputs)
+                saved_to = LOCAL
             save_time_s = time.perf_counter() - saving
-            self._saved(save_time_s)
+            if boundary.save:
+                self._saved(save_time_s)
         epoch_time_s = time.perf_counter() - started
         record = self._progress.epoch_done(
-            epoch, run, epoch_time_s=epoch_time_s, save_time_s=save_time_s
+            epoch,
+            run,
+            epoch_time_s=epoch_time_s,
+            save_time_s=save_time_s,
+            saved_to=saved_to if self._local is not None else None,
         )
         if isinstance(self.save_interval, AutoInterval):
             record["save_interval_s"] = self.save_interval.seconds
@@ -406,6 +490,23 @@ class JobRunner:
             else:
                 raise
         self._failures.metadata(manager)
+
+    def _save_local(self, epoch: int, session: Session, outputs: dict[str, Any]) -> None:
+        """Saves ``epoch`` to this process's local tier; a failure goes to ``on_save_error``.
+
+        In a multi-process job the failure is handled on every process at the
+        next epoch boundary (each process writes its own local tier).
+        """
+        manager = self.checkpoint_manager
+        try:
+            manager.save_local(epoch, session.workspace, outputs=outputs)
+        except (hosts.HostTimeoutError, UnstorableLeafError):
+            raise
+        except CheckpointSaveError as err:
+            self._failures.local([err], manager)
+        except Exception as err:
+            where = manager.tier_manager(LOCAL).db_prefix
+            self._failures.local([as_save_error(epoch, where, err)], manager)
 
     def _on_save_failure(self, err: CheckpointSaveError) -> None:
         self._failures.handle(err, self.checkpoint_manager)

@@ -75,8 +75,24 @@ class SaveFailures:
         for err in failures:
             self.handle(err, manager)
 
+    def local(self, failures: Sequence[CheckpointSaveError], manager: Manager) -> None:
+        """Hands local-tier save failures to the policy (several processes: at the next exchange).
+
+        Each process writes its own local tier: its failures ride on the next
+        boundary exchange like the metadata records', so that every process
+        handles them at the same point.
+        """
+        if jax.process_count() > 1:
+            self._unshared += failures
+            return
+        for err in failures:
+            self.handle(err, manager)
+
     def take_unshared(self) -> list[list[Any]]:
-        """This process's failed metadata records as posted: ``[epoch, path, "Type: message"]``."""
+        """This process's failed metadata records and local saves, as posted.
+
+        Each is ``[epoch, path, "Type: message"]``.
+        """
         unshared, self._unshared = self._unshared, []
         return [[e.epoch, e.db_name, error_text(e)] for e in unshared]
 
@@ -103,6 +119,9 @@ class SaveFailures:
             manager.wait_until_finished()
         except CheckpointSaveError as err:
             self.handle(err, manager)
+        finish_local = getattr(manager, "finish_local_tier", None)
+        if finish_local is not None:
+            self.local(finish_local(), manager)
         self.metadata(manager)
         self.share_last(manager, timeout_s)
 

@@ -1,0 +1,211 @@
+"""One process's local tier: a checkpoint manager over its own directory, tied to the run.
+
+A manager made with ``local=`` (:class:`~jaxjob._src.manager.local_tier.LocalTier`)
+holds a :class:`LocalCopy`: on first use it builds a manager of the same
+kind over this process's local directory (the same node save engine, one
+process taking part), whose checkpoints record the persistent tier's run
+id. Local checkpoints of another run (a directory reused by a new job) are
+never resumed from, and are removed by this run's first local save.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+from jaxjob._src.base import fs
+from jaxjob._src.base.log import get_logger
+from jaxjob._src.checkpoint import checksum, files, listing, manifest, run_identity
+from jaxjob._src.checkpoint.layout import common_epochs, db_name
+from jaxjob._src.checkpoint.manifest import same_devices
+from jaxjob._src.manager.local_tier import LOCAL, LocalTier
+from jaxjob._src.manager.metadata import MetadataHandler
+
+__all__ = ["LocalCopy", "LocalMetadata"]
+
+logger = get_logger(__name__)
+
+
+class LocalMetadata(MetadataHandler):
+    """The local tier's metadata handler: it records nothing (the persistent one does)."""
+
+    def set_params(self, **kwargs: Any) -> None:
+        """Ignored."""
+
+    def last_epoch(self, user_epoch: int | None = None) -> int | None:
+        """``user_epoch``: the local tier's epochs are chosen from its listing."""
+        return user_epoch
+
+    def write(self, epoch: int) -> None:
+        """Nothing: a local epoch has no metadata record."""
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Always True."""
+        return True
+
+    def report(self, action_name: str, stats: dict[str, Any]) -> None:
+        """Ignored: the persistent manager reports the local tier's stats."""
+
+
+class LocalCopy:
+    """This process's local tier of a manager.
+
+    Args:
+        tier: The tier's settings.
+        db_prefix: The persistent tier (its run id is the local checkpoints' run).
+        make: Builds a manager over a local directory (the persistent manager's kind).
+    """
+
+    def __init__(self, tier: LocalTier, db_prefix: str, make: Callable[[str], Any]) -> None:
+        self.tier = tier
+        self._db_prefix = db_prefix
+        self._make = make
+        self._manager: Any = None
+        self._run: str | None = None
+        self._swept = False
+
+    @property
+    def directory(self) -> str:
+        """This process's local directory."""
+        return self.tier.directory(jax.process_index())
+
+    @property
+    def manager(self) -> Any:
+        """The manager over this process's local directory (made, and its lock taken, on first use).
+
+        Raises:
+            CheckpointInUseError: If another live process writes this local directory.
+        """
+        if self._manager is None:
+            manager = self._make(self.directory)
+            manager.init(manager.node_names())
+            for writer in manager._writers():
+                writer.tier = LOCAL
+            self._manager = manager
+        return self._manager
+
+    def run(self, *, create: bool) -> str | None:
+        """The persistent tier's run id (created with ``create``), or None if it has none."""
+        if self._run is None:
+            self._run = (run_identity.ensure if create else run_identity.read)(self._db_prefix)
+        return self._run
+
+    def nodes(self) -> list[str]:
+        """The node names of the local checkpoint directories."""
+        return self.manager._checkpoint_nodes()
+
+    def save(
+        self,
+        epoch: int,
+        workspace: Mapping[str, Any],
+        outputs: Mapping[str, Any] | None,
+        set_writer_run: Callable[[Any, str], None],
+    ) -> None:
+        """Saves ``epoch`` to this process's local directory, waiting on no other process.
+
+        Raises:
+            CheckpointSaveError: This save's problem, or a previous local save's failure.
+        """
+        run = self.run(create=True)
+        for writer in self.manager._writers():
+            set_writer_run(writer, run)
+        if not self._swept:
+            self._swept = True
+            self._remove_other_runs(run)
+            if jax.process_index() == 0:
+                template = os.path.abspath(os.path.expanduser(self.tier.path))
+                listing.record_local_tier(self._db_prefix, template)
+        self.manager.save(epoch, workspace, outputs=outputs)
+
+    def _remove_other_runs(self, run: str) -> None:
+        """Removes committed local checkpoints of another run (a reused directory); logs them."""
+        manager = self.manager
+        for node in self.nodes():
+            for epoch in manager._committed(node):
+                path = db_name(epoch, node, manager.db_prefix)
+                other = _run_of(path)
+                if other is not None and other != run:
+                    logger.info(
+                        "Removing the local checkpoint %s: another run saved it (%s, not %s)",
+                        path, other, run,
+                    )  # fmt: skip
+                    fs.rmtree(path)
+
+    def forget_after(self, epoch: int | None) -> None:
+        """Removes the committed local checkpoints newer than ``epoch`` (None: all); logs them."""
+        manager = self.manager
+        if not fs.exists(manager.db_prefix):
+            return
+        for node in self.nodes():
+            for stale in manager._committed(node):
+                if epoch is None or stale > epoch:
+                    path = db_name(stale, node, manager.db_prefix)
+                    logger.info(
+                        "Removing the local checkpoint %s: newer than epoch %s", path, epoch
+                    )
+                    fs.rmtree(path)
+
+    def candidates(self, newer_than: int | None) -> tuple[list[int], list[str]]:
+        """Committed local epochs newer than ``newer_than`` that this process can resume from.
+
+        A candidate is committed for every node, saved by this run, on this
+        job's devices and process count, and its manifest, file table and
+        checksum files pass their checks. Its arrays are checked against
+        their checksums as the resume reads them (read once, not twice).
+
+        Returns:
+            ``(epochs, why)``: the candidates, newest first, and one line per
+            newer local epoch passed over.
+        """
+        run = self.run(create=False)
+        manager = self.manager
+        nodes = self.nodes()
+        found: list[int] = []
+        why: list[str] = []
+        committed = common_epochs(manager.db_prefix, nodes) if fs.exists(manager.db_prefix) else []
+        newer = [e for e in committed if newer_than is None or e > newer_than]
+        if not newer:
+            return [], [f"{manager.db_prefix} holds no epoch newer than {newer_than}"]
+        for epoch in reversed(committed):
+            if newer_than is not None and epoch <= newer_than:
+                break
+            problem = _problem(manager, epoch, nodes, run)
+            if problem is None:
+                found.append(epoch)
+            else:
+                why.append(f"local epoch {epoch}: {problem}")
+        return found, why
+
+
+def _run_of(path: str) -> str | None:
+    try:
+        return manifest.read(path).run
+    except (OSError, ValueError):
+        return None
+
+
+def _problem(manager: Any, epoch: int, nodes: list[str], run: str | None) -> str | None:
+    """Why this process cannot resume from its local ``epoch``, or None."""
+    for node in nodes:
+        path = db_name(epoch, node, manager.db_prefix)
+        try:
+            found = manifest.read(path)
+        except (OSError, ValueError) as err:
+            return f"its manifest does not read ({err})"
+        if run is None or found.run != run:
+            return f"saved by another run ({found.run}, the persistent tier's is {run})"
+        if not same_devices(found):
+            return (
+                f"saved by {found.process_count} processes on {found.devices.get('count')} "
+                f"{found.devices.get('platform')} devices (this job: {jax.process_count()} on "
+                f"{jax.device_count()} {jax.devices()[0].platform} devices)"
+            )
+        try:  # the file table and the checksum files; the arrays are checked as they are read
+            files.read_checked(path, data=False, found=found)
+            checksum.read_records(path, found)
+        except (OSError, ValueError) as err:
+            return str(err)
+    return None
