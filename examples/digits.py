@@ -116,12 +116,18 @@ def main(argv=None):
     parser.add_argument(
         "--save-every-seconds", type=float, help="seconds between saves (with epochs: either)"
     )
+    parser.add_argument(
+        "--local-dir",
+        help="a second, per-process tier on local disk, saved every epoch (may hold {process}); "
+        "the --save-every-* schedule then applies to --ckpt-dir alone",
+    )
     args = parser.parse_args(argv)
     jaxjob.distributed.initialize()  # under `jaxjob launch` or a cluster; alone: nothing
     logging.basicConfig(level=logging.WARNING)
     train, test = load_data()
     job = build_job(train, test, args.epochs)
-    ckpt = None if args.no_checkpoint else jaxjob.CheckpointManager(args.ckpt_dir)
+    local = jaxjob.LocalTier(args.local_dir) if args.local_dir else None
+    ckpt = None if args.no_checkpoint else jaxjob.CheckpointManager(args.ckpt_dir, local=local)
     session = jaxjob.Session()
     start = time.perf_counter()
     runner = jaxjob.JobRunner(

@@ -85,6 +85,7 @@ _LONG_MODULES = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (it renames node ids)
 def pytest_collection_modifyitems(config, items):
     """Tests sharing one expensive module-scoped run go to one worker under ``--dist loadgroup``;
     the shared runs and the longest modules are handed out first."""
@@ -97,6 +98,24 @@ def pytest_collection_modifyitems(config, items):
         param = callspec.params.get(fixture, "") if callspec else ""
         item.add_marker(pytest.mark.xdist_group(f"{module}:{fixture}:{param}"))
     items.sort(key=_start_order)  # stable: the order within each class stays as collected
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """Fails the run if ``--dist loadgroup`` ignored the groups (each shared run would run on
+    several workers): pytest 9.2 broke pytest-xdist 3.8's grouping, which renames node ids."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [
+        i.nodeid
+        for i in session.items
+        if i.get_closest_marker("xdist_group") and "@" not in i.nodeid
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}): their shared runs "
+            "would run once per worker; use the pytest of constraints.txt"
+        )
 
 
 def _start_order(item) -> int:

@@ -4,7 +4,7 @@ Usage: python tier_job.py CKPT LOCAL OUT [--epochs N] [--persistent-every K]
     [--kill-in-epoch E]
 
 CKPT is the persistent tier (a directory or s3://...), LOCAL the local tier's path (it may hold
-``{process}``): a local save every epoch, a persistent one every K epochs (default 5). The state
+``{process}``): a local save every epoch, a persistent one every K epochs (default 4). The state
 is an Adam-trained linear model sharded over every device of the job, a PRNG key and a host-local
 NumPy cursor. ``--kill-in-epoch E``: in epoch E, once the local save of epoch E - 1 is committed
 on every process (and the newest persistent save before it), the last process kills itself with
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("local")
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--persistent-every", type=int, default=5)
+    parser.add_argument("--persistent-every", type=int, default=4)
     parser.add_argument("--kill-in-epoch", type=int)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", force=True)

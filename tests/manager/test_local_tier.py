@@ -97,3 +97,21 @@ def test_local_candidates_skip_another_run_and_say_why(tmp_path):
     mine.close()
     assert mine.tier_manager("local").committed_epochs() == [1]
     assert mine.local_candidates(0)[0] == [1]
+
+
+@pytest.mark.parametrize(
+    "local", ["{root}/ckpt", "{root}/ckpt/local", "{root}", "{root}/ckpt/{{process}}"]
+)
+def test_a_local_tier_overlapping_the_db_prefix_is_refused(tmp_path, local):
+    with pytest.raises(
+        ValueError, match=r"overlaps the db_prefix .*: the two tiers need directories apart"
+    ):
+        jaxjob.CheckpointManager(
+            str(tmp_path / "ckpt"), local=jaxjob.LocalTier(local.format(root=tmp_path))
+        )
+
+
+def test_a_local_tier_beside_the_db_prefix_is_accepted(tmp_path):
+    jaxjob.CheckpointManager(
+        str(tmp_path / "ckpt"), local=jaxjob.LocalTier(f"{tmp_path}/ckpt-local/{{process}}")
+    )

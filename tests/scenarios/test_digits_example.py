@@ -10,31 +10,39 @@ import paths
 import pytest
 
 import jaxjob
+from jaxjob._src.base import faults
 
 SCRIPT = os.path.join(paths.ROOT, "examples", "digits.py")
 
 
-def _digits(*args):
+def _digits(*args, kill_at=None):
+    env = {**os.environ, **({faults.KILL_AT_ENV: kill_at} if kill_at else {})}
     proc = subprocess.run(
-        [sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=300
+        [sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=300, env=env
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if kill_at:
+        assert proc.returncode == -9, proc.stderr[-3000:]
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """One process: 3 epochs, the same command again, then continued to 10 (stdout of each run).
+    """One process: 10 epochs with a local tier, killed at epoch 2's local save; the same command
+    again (it resumes from local epoch 1 and ends at 10); once more (nothing new).
 
-    A resume ends where an uninterrupted run would (bit for bit: tests/scenarios/test_exactness.py
-    and tests/testing/), so the two-process test compares against these parameters after epoch
-    10 instead of training a third single-process run.
+    A resume ends where an uninterrupted run would (bit for bit: tests/scenarios/test_exactness.py,
+    test_two_tiers.py and tests/testing/), so the two-process test compares against these
+    parameters after epoch 10 instead of training a third single-process run.
     """
-    ckpt = str(tmp_path_factory.mktemp("digits") / "one")
-    first = _digits("--epochs", "3", "--ckpt-dir", ckpt)
-    again = _digits("--epochs", "3", "--ckpt-dir", ckpt)
-    more = _digits("--epochs", "10", "--ckpt-dir", ckpt)
-    return ckpt, first, again, more
+    root = tmp_path_factory.mktemp("digits")
+    ckpt, local = str(root / "one"), str(root / "local")
+    tiers = ("--epochs", "10", "--ckpt-dir", ckpt, "--local-dir", local, "--save-every-epochs", "5")
+    killed = _digits(*tiers, kill_at="local.save.copy:2")
+    first = _digits(*tiers)
+    again = _digits("--epochs", "10", "--ckpt-dir", ckpt)
+    return ckpt, killed, first, again
 
 
 def _epochs(out):
@@ -42,18 +50,18 @@ def _epochs(out):
 
 
 def test_digits_trains_resumes_and_continues(one_process):
-    """Epochs print; a re-run does nothing new; a larger --epochs continues."""
-    _, first, again, more = one_process
-    assert _epochs(first) == ["1", "2", "3"]
-    assert "done: epoch 3" in first
+    """Killed in epoch 2's local save, it resumes from the local tier's epoch 1 (the persistent
+    tier has only epoch 0) and ends at 10; a re-run does nothing new."""
+    _, killed, first, again = one_process
+    assert _epochs(killed) == ["1"] and "save" in killed and "local" in killed
+    assert _epochs(first) == [str(e) for e in range(2, 11)]
+    assert "done: epoch 10" in first
     assert _epochs(again) == []
     assert (
         again.split("test accuracy")[1].split(",")[0]
         == first.split("test accuracy")[1].split(",")[0]
     )
-    assert _epochs(more) == [str(e) for e in range(4, 11)]
-    assert "done: epoch 10" in more
-    final_accuracy = float(more.split("test accuracy")[1].split(",")[0])
+    final_accuracy = float(first.split("test accuracy")[1].split(",")[0])
     assert final_accuracy > 0.8
 
 

@@ -425,6 +425,7 @@ class LocalCodec(PrivateCodec):
         if spec.kind not in (Kind.JAX, Kind.PRNG_KEY) or leaf.is_fully_addressable:
             return super().encode(leaf, spec)  # this process's own: a NumPy host copy
         check_storable(spec, _stored_dtype(leaf, spec))
+        _check_one_replica_holds_all(leaf, spec)
         if spec.kind == Kind.PRNG_KEY:
             return jax.random.key_data(leaf), None
         return leaf, None
@@ -445,6 +446,27 @@ class LocalCodec(PrivateCodec):
         if spec.kind == Kind.PRNG_KEY:
             return jax.random.wrap_key_data(value, impl=spec.impl)
         return value
+
+
+def _check_one_replica_holds_all(leaf: jax.Array, spec: LeafSpec) -> None:
+    """Refuses a leaf whose shards here are not all on the replica of its first shard.
+
+    This process writes the shards of that replica only (as Orbax's local
+    checkpoints do): with an interleaved mesh another replica may hold an
+    index that this one lacks, which the copy would then miss.
+
+    Raises:
+        ValueError: Naming the key path.
+    """
+    shards = leaf.addressable_shards
+    first = shards[0].replica_id
+    indices = {str(s.index) for s in shards}
+    if {str(s.index) for s in shards if s.replica_id == first} != indices:
+        raise ValueError(
+            f"the local tier cannot store {spec.path}: this process holds its shards on "
+            "several replicas (an interleaved mesh), so no one replica has them all; use a "
+            "mesh whose replicas of each process's shards are its own devices"
+        )
 
 
 def _this_process_only(abstract: jax.ShapeDtypeStruct) -> bool:

@@ -92,12 +92,17 @@ class _Handler(ocp.CompositeCheckpointHandler):
     ``save.commit`` once every write is done and before the commit.
     """
 
-    points = "save"  # the fail points' prefix: "local.save" for a local-tier copy
+    local = False  # a local-tier copy's: its fail points are local.save.*
 
     async def async_save(self, directory: Any, args: Any) -> list[Any]:
-        faults.point(f"{self.points}.copy")
+        if self.local:
+            faults.point("local.save.copy")
+        else:
+            faults.point("save.copy")
         futures = await super().async_save(directory, args) or []
-        return [_FailPoint(f"{self.points}.write"), *futures, _FailPoint(f"{self.points}.commit")]
+        if self.local:
+            return [_FailPoint("local.save.write"), *futures, _FailPoint("local.save.commit")]
+        return [_FailPoint("save.write"), *futures, _FailPoint("save.commit")]
 
 
 @ocp.args.register_with_handler(_Handler, for_save=True, for_restore=True)

@@ -62,6 +62,7 @@ class ManagerCore:
         self._keep = keep_lib.normalize(keep)
         if local is not None and not isinstance(local, LocalTier):
             raise TypeError(f"local must be a jaxjob.LocalTier or None, got {local!r}")
+        _check_apart(local, fs.normalize(db_prefix, "db_prefix"))
         self._db_prefix = fs.normalize(db_prefix, "db_prefix")
         if options.storage_timeout_s is not None:
             fs.set_storage_timeout(self._db_prefix, options.storage_timeout_s)
@@ -213,10 +214,13 @@ class ManagerCore:
         """
         if self._local is None:
             return [], []
-        return self._local.candidates(newer_than)
+        try:
+            return self._local.candidates(newer_than)
+        except (OSError, ValueError) as err:  # its lock held by another writer, an unreadable dir
+            return [], [f"the local tier cannot be read here: {err}"]
 
     def finish_local_tier(self) -> list[CheckpointSaveError]:
-        """Waits for this process's local save in flight, then applies the local ``keep``.
+        """Waits for this process's local save in flight; removes what failed ones left.
 
         Returns:
             Its failure, if any (recorded, not raised).
@@ -472,7 +476,10 @@ class ManagerCore:
         resumes from it.
         """
         due = self._metadata_due
-        writers = [w for w in self._writers() if w.pending_epoch() == due]
+        writers = self._writers()
+        if any(w.private for w in writers):  # another process's node: its commit is its own
+            return
+        writers = [w for w in writers if w.pending_epoch() == due]
         if due is not None and all(is_committed(w.pending_path()) for w in writers):
             self._metadata_due = None
             self._write_metadata(due)
@@ -529,3 +536,22 @@ class ManagerCore:
 def _set_run(writer: NodeWriter, run: str) -> None:
     """Makes ``writer`` record ``run`` (the persistent tier's) in the checkpoints it saves."""
     writer._run = run
+
+
+def _check_apart(local: LocalTier | None, db_prefix: str) -> None:
+    """Refuses a local tier whose directory is the db_prefix, or inside it, or holds it.
+
+    Raises:
+        ValueError: Naming both paths (the local tier's retention would
+            delete the persistent checkpoints).
+    """
+    if local is None or fs.is_remote(db_prefix):
+        return
+    for candidate in {local.directory(0).rstrip("/"), local.directory(1).rstrip("/")}:
+        inside = db_prefix.startswith(candidate + "/") or candidate.startswith(db_prefix + "/")
+        if candidate == db_prefix or inside:
+            raise ValueError(
+                f"LocalTier path {local.path!r} overlaps the db_prefix {db_prefix!r}: the "
+                "two tiers need directories apart (the local tier's retention would delete "
+                "persistent checkpoints); put the local tier elsewhere, e.g. /dev/shm/<run>"
+            )

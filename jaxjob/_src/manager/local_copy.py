@@ -113,11 +113,11 @@ class LocalCopy:
         for writer in self.manager._writers():
             set_writer_run(writer, run)
         if not self._swept:
-            self._swept = True
             self._remove_other_runs(run)
             if jax.process_index() == 0:
                 template = os.path.abspath(os.path.expanduser(self.tier.path))
                 listing.record_local_tier(self._db_prefix, template)
+            self._swept = True
         self.manager.save(epoch, workspace, outputs=outputs)
 
     def _remove_other_runs(self, run: str) -> None:
@@ -195,6 +195,10 @@ def _problem(manager: Any, epoch: int, nodes: list[str], run: str | None) -> str
             found = manifest.read(path)
         except (OSError, ValueError) as err:
             return f"its manifest does not read ({err})"
+        if found.tier != LOCAL or found.owner_process not in (None, jax.process_index()):
+            return (
+                f"not this process's local copy (tier {found.tier}, process {found.owner_process})"
+            )
         if run is None or found.run != run:
             return f"saved by another run ({found.run}, the persistent tier's is {run})"
         if not same_devices(found):

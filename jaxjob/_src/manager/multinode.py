@@ -117,6 +117,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         self._node_writers: list[NodeWriter] | None = None
         self._node_managers: list[tuple[str, CheckpointManager]] = []
         self._key_nodes: dict[str, str] = {}
+        self._alone = False  # a local tier's manager: this process alone takes part
 
     def __repr__(self) -> str:
         return f"MultiNodeCheckpointManager({self._db_prefix!r})"
@@ -133,6 +134,7 @@ class MultiNodeCheckpointManager(ManagerCore):
             keep=tier.keep if tier is not None else None,
             options=dataclasses.replace(self.options, host_map=None, storage_timeout_s=None),
         )
+        local._alone = True  # one process's local tier: its rounds exchange nothing
         local.init(nodes, key_nodes=self._key_nodes)
         return local
 
@@ -158,7 +160,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         what = f"the save of epoch {epoch} of nodes {self.node_names()}"
         if epoch is None:
             what = "the end of the node saves"
-        exchange = epoch is not None or jax.process_count() > 1
+        exchange = not self._alone and (epoch is not None or jax.process_count() > 1)
         return Round(what, keyed=True, exchange=exchange, timeout_s=self.timeout_s)
 
     def _make_managers(self, nodes: Sequence[Any]) -> None:

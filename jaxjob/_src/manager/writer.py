@@ -301,8 +301,7 @@ class NodeWriter:
     def _get_saver(self) -> ocp.Checkpointer:
         if self._saver is None:
             handler = storage.composite_handler(self.db_prefix, self.private)
-            if self.tier == "local":
-                handler.points = "local.save"  # the fault kit kills a local save apart
+            handler.local = self.tier == "local"  # the fault kit kills a local save apart
             timeout = self.options.write_timeout_s if self.options.async_save else None
             self._saver = orbax_private.checkpointer(
                 self.db_prefix, handler, private=self.private, async_timeout_s=timeout

@@ -99,7 +99,8 @@ def local_choice(manager: Manager, persistent: int | None, timeout_s: float) -> 
 
 def _only_older(reason: str, newest: int) -> bool:
     """Whether ``reason`` is about local epochs no newer than ``newest`` alone."""
-    epochs = [int(e) for e in re.findall(r"local epoch (\d+)", reason)]
+    found = re.findall(r"local epochs? \[?([\d, ]+)\]?", reason)
+    epochs = [int(e) for group in found for e in re.findall(r"\d+", group)]
     return bool(epochs) and max(epochs) <= newest
 
 

@@ -12,7 +12,7 @@ import jax
 
 from jaxjob._src.base import faults
 from jaxjob._src.base.checks import is_int
-from jaxjob._src.base.errors import CheckpointSaveError, CorruptCheckpointError, as_save_error
+from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.preemption import SignalWatch, check_signals
 from jaxjob._src.checkpoint.codec import UnstorableLeafError
@@ -245,7 +245,7 @@ class JobRunner:
             if not finished:
                 checks.check_stop_names(self.job, session)
             if resume is not None:  # from scratch, _start set it at epoch 0's save
-                self._clock = SaveClock(epoch)
+                self._clock = SaveClock(self._persistent_clock_epoch(resume, epoch))
             preempted = False
             if not finished and self._watching:
                 what = f"the preemption check of epoch {epoch}"
@@ -296,6 +296,19 @@ class JobRunner:
             logger.info("The checkpoint of epoch %d meets a stop condition: finished", epoch)
         return epoch, bool(stopped)
 
+    def _persistent_clock_epoch(self, persistent: int, resumed: int) -> int:
+        """Where the persistent tier's interval counts from after resuming from ``resumed``.
+
+        From its own last save, also after a resume from a newer local
+        epoch, so that its epochs stay those of an uninterrupted run: with
+        ``save_every_epochs=k``, the last multiple of ``k`` epochs after
+        ``persistent`` that ``resumed`` reached (a save started there and was lost).
+        """
+        every = getattr(self.save_interval, "every_epochs", None)
+        if resumed <= persistent or not every:
+            return persistent if resumed > persistent else resumed
+        return persistent + (resumed - persistent) // every * every
+
     def _local_schedule(self, manager: Manager | None) -> tuple[SaveInterval, SaveClock] | None:
         tier = getattr(manager, "local_tier", None)
         if tier is None:
@@ -322,15 +335,25 @@ class JobRunner:
         if self._local is None or self.resume_from_epoch is not None:
             self._load(session, manager, persistent)
             manager.report_checkpoint_stats("checkpoint_load")
+            self._forget_local(manager, persistent)  # the branch the user left is never resumed
             return PERSISTENT, persistent
         choice = local_choice(manager, persistent, timeout_s)
         local = manager.tier_manager(LOCAL)
         for epoch in choice.epochs:
             failed: Exception | None = None
-            try:
-                self._load(session, local, epoch)
-            except (CorruptCheckpointError, OSError, ValueError) as err:
+            try:  # what restore_targets reads before its own exchange, read first
+                local.saved_shapes(epoch)
+                local.saved_targets(epoch)
+            except Exception as err:  # noqa: BLE001 (any reason; every process tries the next)
                 failed = err
+            what = f"the local epoch {epoch}'s manifest"
+            if not any_process(what, failed is not None, timeout_s):
+                try:
+                    self._load(session, local, epoch)
+                except hosts.HostTimeoutError:
+                    raise
+                except Exception as err:  # noqa: BLE001 (a damaged copy here: try the next)
+                    failed = err
             where = any_process(
                 f"the restore of local epoch {epoch}", failed is not None, timeout_s
             )
@@ -507,6 +530,7 @@ class JobRunner:
         except Exception as err:
             where = manager.tier_manager(LOCAL).db_prefix
             self._failures.local([as_save_error(epoch, where, err)], manager)
+        self._failures.metadata(manager)  # a persistent epoch's record written meanwhile
 
     def _on_save_failure(self, err: CheckpointSaveError) -> None:
         self._failures.handle(err, self.checkpoint_manager)
