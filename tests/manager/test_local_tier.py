@@ -1,7 +1,9 @@
 """jaxjob.LocalTier: its arguments, and a manager's local tier saved and listed in-process."""
 
 import json
+import logging
 import os
+import shutil
 
 import jax.numpy as jnp
 import numpy as np
@@ -115,3 +117,43 @@ def test_a_local_tier_beside_the_db_prefix_is_accepted(tmp_path):
     jaxjob.CheckpointManager(
         str(tmp_path / "ckpt"), local=jaxjob.LocalTier(f"{tmp_path}/ckpt-local/{{process}}")
     )
+
+
+def _two_node_job():
+    job = jaxjob.Job()
+    with jaxjob.Node("a"), job.init_group:
+        jaxjob.Task(lambda ws: {"x": jnp.arange(4.0)})
+    with jaxjob.Node("b"), job.init_group:
+        jaxjob.Task(lambda ws: {"cursor": np.int64(0)}, jit=False)
+    job.epoch_group.add(lambda ws: {"x": ws["x"] * 1.5 + 1})
+    job.epoch_group.add(lambda ws: {"cursor": np.int64(ws["cursor"] + 1)}, jit=False)
+    jaxjob.epoch_limiter(job, 4)
+    return job
+
+
+def test_a_multi_node_manager_resumes_every_node_from_its_local_tier(tmp_path, caplog):
+    """Epochs 0 and 4 persistent, 1-3 local for every node; with persistent 4 lost, the rerun
+    resumes from local 3 and ends as the uninterrupted run did."""
+
+    def manager():
+        local = jaxjob.LocalTier(str(tmp_path / "local"))
+        return jaxjob.MultiNodeCheckpointManager(str(tmp_path / "ckpt"), local=local)
+
+    first = jaxjob.Session()
+    runner = jaxjob.JobRunner(_two_node_job(), (ckpt := manager()), save_every_epochs=10)
+    assert runner.train(first) == 4
+    ckpt.close()
+    assert [r["saved_to"] for r in runner.history] == ["local"] * 3 + ["persistent"]
+    local = sorted(os.listdir(tmp_path / "local"))
+    # keep=Last(2), for every node (the epoch counter's is the default node, "local")
+    assert local == ["a.2", "a.3", "b.2", "b.3", "local.2", "local.3"]
+    for node in ("a", "b", "local"):
+        shutil.rmtree(tmp_path / "ckpt" / f"{node}.4")  # the final epoch lost: 0 is the newest
+    (tmp_path / "ckpt" / "jaxjob_metadata.jsonl").write_text('{"event": "commit", "epoch": 0}\n')
+    again = jaxjob.Session()
+    with caplog.at_level(logging.INFO, logger="jaxjob"):
+        jaxjob.JobRunner(_two_node_job(), (ckpt := manager()), save_every_epochs=10).train(again)
+    ckpt.close()
+    assert "Resuming from epoch 3 of the local tier" in caplog.text
+    np.testing.assert_array_equal(again.workspace["x"], first.workspace["x"])
+    assert again.workspace["cursor"] == first.workspace["cursor"] == 4
