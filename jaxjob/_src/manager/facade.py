@@ -16,7 +16,12 @@ from typing import Any
 import jax
 
 from jaxjob._src.base import fs
-from jaxjob._src.base.errors import CheckpointSaveError, CorruptCheckpointError, as_save_error
+from jaxjob._src.base.errors import (
+    CheckpointInUseError,
+    CheckpointSaveError,
+    CorruptCheckpointError,
+    as_save_error,
+)
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import verify
 from jaxjob._src.checkpoint.hostlocal import HostMap
@@ -216,7 +221,7 @@ class ManagerCore:
             return [], []
         try:
             return self._local.candidates(newer_than)
-        except (OSError, ValueError) as err:  # its lock held by another writer, an unreadable dir
+        except (OSError, ValueError, CheckpointInUseError) as err:  # another writer's, unreadable
             return [], [f"the local tier cannot be read here: {err}"]
 
     def finish_local_tier(self) -> list[CheckpointSaveError]:
