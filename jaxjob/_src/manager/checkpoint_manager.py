@@ -7,7 +7,6 @@ save protocol is :mod:`jaxjob._src.manager.writer` and
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -20,7 +19,6 @@ from jaxjob._src.core.workspace import Workspace
 from jaxjob._src.manager import keep as keep_lib
 from jaxjob._src.manager import retention
 from jaxjob._src.manager.facade import ManagerCore
-from jaxjob._src.manager.local_copy import LocalMetadata
 from jaxjob._src.manager.local_tier import LocalTier
 from jaxjob._src.manager.metadata import MetadataHandler
 from jaxjob._src.manager.save_round import Round
@@ -160,14 +158,11 @@ class CheckpointManager(ManagerCore):
 
     def _make_local(self, directory: str) -> CheckpointManager:
         """This node's manager over the local ``directory``: this process alone writes it."""
-        tier = self.local_tier
         return CheckpointManager(
             directory,
             self._writer.node_name,
-            metadata_handler=LocalMetadata(),
             owner_process=jax.process_index() if jax.process_count() > 1 else None,
-            keep=tier.keep if tier is not None else None,
-            options=dataclasses.replace(self.options, host_map=None, storage_timeout_s=None),
+            **self._local_kwargs(),
         )
 
     @classmethod

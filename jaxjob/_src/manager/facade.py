@@ -10,6 +10,7 @@ stats, retention and the resume decision.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import common_epochs, db_name, is_committed
 from jaxjob._src.manager import boundary, retention, save_round
 from jaxjob._src.manager import keep as keep_lib
-from jaxjob._src.manager.local_copy import LocalCopy
+from jaxjob._src.manager.local_copy import LocalCopy, LocalMetadata
 from jaxjob._src.manager.local_tier import LOCAL, PERSISTENT, LocalTier
 from jaxjob._src.manager.metadata import METADATA_FILE, DiskMetadataHandler, MetadataHandler
 from jaxjob._src.manager.records import ProcessStats, Stats
@@ -149,6 +150,15 @@ class ManagerCore:
         """A manager of this kind over this process's local ``directory`` (this process alone)."""
         raise NotImplementedError
 
+    def _local_kwargs(self) -> dict[str, Any]:
+        """What a manager of this process's local tier is made with, whatever its kind."""
+        tier = self.local_tier
+        return {
+            "metadata_handler": LocalMetadata(),
+            "keep": tier.keep if tier is not None else None,
+            "options": dataclasses.replace(self.options, host_map=None, storage_timeout_s=None),
+        }
+
     def _local_manager(self) -> ManagerCore | None:
         """The manager of this process's local tier, if it was made."""
         return None if self._local is None else self._local._manager
@@ -184,7 +194,7 @@ class ManagerCore:
             raise ValueError("save_local needs a manager made with local=jaxjob.LocalTier(...)")
         self._flush_committed_metadata()
         try:
-            self._local.save(epoch, workspace, outputs, _set_run)
+            self._local.save(epoch, workspace, outputs)
         finally:
             self.report_local_stats("checkpoint_save")
 
@@ -536,11 +546,6 @@ class ManagerCore:
             local = self._local_manager()
             if local is not None:
                 local.close()
-
-
-def _set_run(writer: NodeWriter, run: str) -> None:
-    """Makes ``writer`` record ``run`` (the persistent tier's) in the checkpoints it saves."""
-    writer._run = run
 
 
 def _check_apart(local: LocalTier | None, db_prefix: str) -> None:

@@ -102,7 +102,6 @@ class LocalCopy:
         epoch: int,
         workspace: Mapping[str, Any],
         outputs: Mapping[str, Any] | None,
-        set_writer_run: Callable[[Any, str], None],
     ) -> None:
         """Saves ``epoch`` to this process's local directory, waiting on no other process.
 
@@ -111,7 +110,7 @@ class LocalCopy:
         """
         run = self.run(create=True)
         for writer in self.manager._writers():
-            set_writer_run(writer, run)
+            writer._run = run  # its checkpoints record the persistent tier's run
         if not self._swept:
             self._remove_other_runs(run)
             if jax.process_index() == 0:
@@ -120,33 +119,33 @@ class LocalCopy:
             self._swept = True
         self.manager.save(epoch, workspace, outputs=outputs)
 
-    def _remove_other_runs(self, run: str) -> None:
-        """Removes committed local checkpoints of another run (a reused directory); logs them."""
-        manager = self.manager
-        for node in self.nodes():
-            for epoch in manager._committed(node):
-                path = db_name(epoch, node, manager.db_prefix)
-                other = _run_of(path)
-                if other is not None and other != run:
-                    logger.info(
-                        "Removing the local checkpoint %s: another run saved it (%s, not %s)",
-                        path, other, run,
-                    )  # fmt: skip
-                    fs.rmtree(path)
-
-    def forget_after(self, epoch: int | None) -> None:
-        """Removes the committed local checkpoints newer than ``epoch`` (None: all); logs them."""
+    def _remove(self, why: Callable[[int, str], str | None]) -> None:
+        """Removes (and logs) each committed local copy that ``why(epoch, path)`` condemns."""
         manager = self.manager
         if not fs.exists(manager.db_prefix):
             return
         for node in self.nodes():
-            for stale in manager._committed(node):
-                if epoch is None or stale > epoch:
-                    path = db_name(stale, node, manager.db_prefix)
-                    logger.info(
-                        "Removing the local checkpoint %s: newer than epoch %s", path, epoch
-                    )
+            for epoch in manager._committed(node):
+                path = db_name(epoch, node, manager.db_prefix)
+                reason = why(epoch, path)
+                if reason is not None:
+                    logger.info("Removing the local checkpoint %s: %s", path, reason)
                     fs.rmtree(path)
+
+    def _remove_other_runs(self, run: str) -> None:
+        """Removes committed local checkpoints of another run (a reused directory)."""
+
+        def other_run(epoch: int, path: str) -> str | None:
+            other = _run_of(path)
+            return None if other in (None, run) else f"another run saved it ({other}, not {run})"
+
+        self._remove(other_run)
+
+    def forget_after(self, epoch: int | None) -> None:
+        """Removes the committed local checkpoints newer than ``epoch`` (None: all)."""
+        self._remove(
+            lambda e, path: f"newer than epoch {epoch}" if epoch is None or e > epoch else None
+        )
 
     def candidates(self, newer_than: int | None) -> tuple[list[int], list[str]]:
         """Committed local epochs newer than ``newer_than`` that this process can resume from.
@@ -169,9 +168,7 @@ class LocalCopy:
         newer = [e for e in committed if newer_than is None or e > newer_than]
         if not newer:
             return [], [f"{manager.db_prefix} holds no epoch newer than {newer_than}"]
-        for epoch in reversed(committed):
-            if newer_than is not None and epoch <= newer_than:
-                break
+        for epoch in reversed(newer):
             problem = _problem(manager, epoch, nodes, run)
             if problem is None:
                 found.append(epoch)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +18,6 @@ from jaxjob._src.manager import keep as keep_lib
 from jaxjob._src.manager import retention
 from jaxjob._src.manager.checkpoint_manager import CheckpointManager
 from jaxjob._src.manager.facade import ManagerCore
-from jaxjob._src.manager.local_copy import LocalMetadata
 from jaxjob._src.manager.local_tier import LocalTier
 from jaxjob._src.manager.metadata import MetadataHandler
 from jaxjob._src.manager.save_round import Round
@@ -124,15 +122,13 @@ class MultiNodeCheckpointManager(ManagerCore):
 
     def _make_local(self, directory: str) -> MultiNodeCheckpointManager:
         """Every node's manager over the local ``directory``: this process alone writes it."""
-        tier = self.local_tier
-        me = jax.process_index()
         nodes = self.node_names()
         local = MultiNodeCheckpointManager(
             directory,
-            metadata_handler=LocalMetadata(),
-            node_processes=dict.fromkeys(nodes, me) if jax.process_count() > 1 else None,
-            keep=tier.keep if tier is not None else None,
-            options=dataclasses.replace(self.options, host_map=None, storage_timeout_s=None),
+            node_processes=(
+                dict.fromkeys(nodes, jax.process_index()) if jax.process_count() > 1 else None
+            ),
+            **self._local_kwargs(),
         )
         local._alone = True  # one process's local tier: its rounds exchange nothing
         local.init(nodes, key_nodes=self._key_nodes)

@@ -83,10 +83,11 @@ def local_choice(manager: Manager, persistent: int | None, timeout_s: float) -> 
     posts = hosts.exchange(
         "the local tier's epochs", {"epochs": mine, "why": why[:4]}, timeout_s=timeout_s
     )
-    common = set(posts[0]["epochs"]).intersection(*(set(p["epochs"]) for p in posts[1:]))
+    held = [set(p["epochs"]) for p in posts]
+    common, anywhere = set.intersection(*held), set.union(*held)
     reasons: list[str] = []
     for process, post in enumerate(posts):
-        lacking = sorted(set().union(*(set(p["epochs"]) for p in posts)) - set(post["epochs"]))
+        lacking = sorted(anywhere - held[process])
         where = f"process {process}" if len(posts) > 1 else "this process"
         reasons += [f"{where}: {line}" for line in post["why"]]
         if lacking and not post["why"]:

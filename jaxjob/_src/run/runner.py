@@ -305,8 +305,8 @@ class JobRunner:
         ``persistent`` that ``resumed`` reached (a save started there and was lost).
         """
         every = getattr(self.save_interval, "every_epochs", None)
-        if resumed <= persistent or not every:
-            return persistent if resumed > persistent else resumed
+        if not every:
+            return persistent
         return persistent + (resumed - persistent) // every * every
 
     def _local_schedule(self, manager: Manager | None) -> tuple[SaveInterval, SaveClock] | None:
@@ -333,10 +333,7 @@ class JobRunner:
         """
         timeout_s = self._timeout_s()
         if self._local is None or self.resume_from_epoch is not None:
-            self._load(session, manager, persistent)
-            manager.report_checkpoint_stats("checkpoint_load")
-            self._forget_local(manager, persistent)  # the branch the user left is never resumed
-            return PERSISTENT, persistent
+            return self._restore_persistent(session, manager, persistent)
         choice = local_choice(manager, persistent, timeout_s)
         local = manager.tier_manager(LOCAL)
         for epoch in choice.epochs:
@@ -370,15 +367,24 @@ class JobRunner:
             choice.why.append(f"local epoch {epoch} did not restore on processes {where}")
             if failed is not None:
                 logger.warning("Local epoch %d did not restore here: %s", epoch, failed)
-        self._load(session, manager, persistent)
-        manager.report_checkpoint_stats("checkpoint_load")
         logger.info(
             "Resuming from epoch %d of the persistent tier (%s): %s",
             persistent, manager.db_prefix,
             "; ".join(choice.why) or "no local epoch is newer",
         )  # fmt: skip
-        self._forget_local(manager, persistent)
-        return PERSISTENT, persistent
+        return self._restore_persistent(session, manager, persistent)
+
+    def _restore_persistent(
+        self, session: Session, manager: Manager, epoch: int
+    ) -> tuple[str, int]:
+        """Restores the persistent tier's ``epoch``; drops the local epochs newer than it.
+
+        With ``resume_from_epoch`` too: the branch the user left is never resumed.
+        """
+        self._load(session, manager, epoch)
+        manager.report_checkpoint_stats("checkpoint_load")
+        self._forget_local(manager, epoch)
+        return PERSISTENT, epoch
 
     def _load(self, session: Session, source: Manager, epoch: int) -> None:
         targets, self._deferred_shardings = restore_targets(self.job, session, source, epoch)

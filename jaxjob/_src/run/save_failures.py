@@ -68,12 +68,7 @@ class SaveFailures:
         every process handles the same :class:`CheckpointSaveError` at the
         same point.
         """
-        failures = manager.take_metadata_failures()
-        if jax.process_count() > 1:
-            self._unshared += failures
-            return
-        for err in failures:
-            self.handle(err, manager)
+        self._share_or_handle(manager.take_metadata_failures(), manager)
 
     def local(self, failures: Sequence[CheckpointSaveError], manager: Manager) -> None:
         """Hands local-tier save failures to the policy (several processes: at the next exchange).
@@ -82,6 +77,10 @@ class SaveFailures:
         boundary exchange like the metadata records', so that every process
         handles them at the same point.
         """
+        self._share_or_handle(failures, manager)
+
+    def _share_or_handle(self, failures: Sequence[CheckpointSaveError], manager: Manager) -> None:
+        """Several processes: keeps ``failures`` for the next exchange; one: hands each over now."""
         if jax.process_count() > 1:
             self._unshared += failures
             return
