@@ -53,6 +53,7 @@ sys.dont_write_bytecode = False
 
 sys.path[:0] = [os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "jobs")]
 
+import zygote  # noqa: E402
 from cloud_servers import (  # noqa: E402,F401  (session fixtures: real local object stores)
     cloud_servers,
     gcs_bucket,
@@ -83,6 +84,14 @@ _LONG_MODULES = (
     "test_hosts.py",
     "test_multiprocess.py",
 )
+
+
+def pytest_configure(config):
+    """Python children of the processes that run tests start from a zygote (``zygote.py``):
+    forked with JAX and Orbax already imported. Not in pytest-xdist's controller, whose
+    children are its workers."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        zygote.install()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (it renames node ids)
@@ -214,14 +223,17 @@ def _fail_points_counted_per_test():
 
 
 @pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    """A JAX persistent compilation cache for one module's child jobs: each restart compiles
-    little (every process of a multi-process job writes it: ``job_start``)."""
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
+def compile_cache():
+    """The run's JAX persistent compilation cache, for a module's child jobs: each restart
+    compiles little (every process of a multi-process job writes it: ``job_start``). The
+    run's own values, so those jobs can start from the zygote (``zygote.py``), whose imports
+    read them."""
+    names = (
+        "JAX_COMPILATION_CACHE_DIR",
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+    )
+    return {name: os.environ[name] for name in names}
 
 
 _GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)

@@ -1,6 +1,7 @@
 """The jaxjob command: ls, show, export, verify against a real run's directory; user mistakes."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -33,7 +34,11 @@ print("HEAVY", heavy)
 def test_help_imports_neither_jax_nor_orbax():
     """`jaxjob --help` and every subcommand's --help run without importing JAX, Orbax or NumPy."""
     proc = subprocess.run(
-        [sys.executable, "-c", HELP_IMPORTS], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", HELP_IMPORTS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JAXJOB_TEST_ZYGOTE": "0"},  # a fresh interpreter (tests/zygote.py)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "HEAVY []" in proc.stdout

@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -72,9 +74,48 @@ def _dies_with_launcher() -> Callable[[], None] | None:
 
 
 def _free_port() -> int:
+    """A TCP port free on every interface, below the kernel's ephemeral range where it can be.
+
+    The coordinator binds the port on every interface once its process starts. A port taken
+    from the ephemeral range (``bind(0)``) can meanwhile become the local end of any outgoing
+    connection on the machine, and the coordinator then fails to start; ports below the
+    range are only ever taken by a bind.
+    """
+    low = _ephemeral_low()
+    choose = random.Random()
+    for _ in range(64):
+        port = choose.randrange(max(1024, low - 16384), low)
+        if _bindable(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux; elsewhere IANA's 49152)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
+def _bindable(port: int) -> bool:
+    """Whether ``port`` can be bound on every interface, as a gRPC server binds it.
+
+    On IPv6's, which covers IPv4's too, or on IPv4's where the machine has no IPv6.
+    """
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((host, port))
+            return True
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return False
+    return False
 
 
 def _env(i: int, n: int, port: int, devices: int | None) -> dict[str, str]:
