@@ -26,6 +26,7 @@ back into a key path. This module imports neither JAX nor Orbax.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -38,10 +39,12 @@ RESERVED = frozenset(
     {"_checkpoint_metadata", "_metadata", "_root_metadata", "_sharding", "array_metadatas"}
     | {"commit_success.txt", "manifest.ocdbt", ".zarray", ".zattrs", ".zgroup", "zarr.json"}
 )
+_PLAIN = re.compile(r"[A-Za-z0-9_.-]+")
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
 _PART = re.compile(r"(?:[A-Za-z0-9_.-]|%[0-9A-F]{2})+(?:~[1-9][0-9]{0,8})?|~(?:~[1-9][0-9]{0,8})?")
 
 
+@functools.lru_cache(maxsize=4096)  # parts repeat: "params", "kernel", "0", ...
 def escape(part: str) -> str:
     """One part of a stored name: bytes outside ``A-Za-z0-9_-.`` as ``%XX``.
 
@@ -49,6 +52,8 @@ def escape(part: str) -> str:
         >>> escape("kernel"), escape("a/b"), escape("x y%"), escape(".."), escape("")
         ('kernel', 'a%2Fb', 'x%20y%25', '%2E%2E', '~')
     """
+    if _PLAIN.fullmatch(part) and len(part) <= MAX_PART and part.strip("."):
+        return part
     if not part:
         return "~"
     if set(part) == {"."}:
@@ -62,6 +67,8 @@ def escape(part: str) -> str:
 
 def _shorten(parts: list[str]) -> list[str]:
     """The first parts whose joined name fits :data:`MAX_NAME` (at least one)."""
+    if sum(map(len, parts)) + len(parts) - 1 <= MAX_NAME:
+        return parts
     kept, size = [], -1
     for part in parts:
         if kept and size + 1 + len(part) > MAX_NAME:
@@ -83,34 +90,50 @@ class Namer:
     """
 
     def __init__(self) -> None:
-        self._names: set[str] = set(RESERVED)  # case-folded
-        self._dirs: set[str] = set()  # case-folded proper '/'-prefixes of the names
+        self._names: set[str] = set(RESERVED)  # lower-cased
+        self._dirs: set[str] = set()  # lower-cased proper '/'-prefixes of the names
 
-    def _free(self, parts: list[str]) -> bool:
-        folded = [p.casefold() for p in parts]
-        name = "/".join(folded)
-        if name in self._names or name in self._dirs:
-            return False
-        return not any("/".join(folded[:i]) in self._names for i in range(1, len(folded)))
+    def _free(self, parts: list[str]) -> tuple[str, ...] | None:
+        """The lower-cased prefixes of ``parts`` (the name last), if the name is free."""
+        prefixes = _prefixes(parts)
+        if prefixes[-1] in self._names or prefixes[-1] in self._dirs:
+            return None
+        if any(p in self._names for p in prefixes[:-1]):
+            return None
+        return prefixes
 
-    def _take(self, parts: list[str]) -> str:
-        folded = [p.casefold() for p in parts]
-        self._names.add("/".join(folded))
-        self._dirs.update("/".join(folded[:i]) for i in range(1, len(folded)))
+    def _take(self, parts: list[str], prefixes: tuple[str, ...]) -> str:
+        self._names.add(prefixes[-1])
+        self._dirs.update(prefixes[:-1])
         return "/".join(parts)
 
     def name(self, segments: Iterable[object]) -> str:
         """The stored name of the leaf at ``segments`` (the key path's parts, unescaped)."""
         parts = _shorten([escape(str(s)) for s in segments] or ["~"])
-        if self._free(parts):
-            return self._take(parts)
+        prefixes = self._free(parts)
+        if prefixes is not None:
+            return self._take(parts, prefixes)
         n = 1
         while True:
             for i in reversed(range(len(parts))):
                 tried = [*parts[:i], f"{parts[i]}~{n}", *parts[i + 1 :]]
-                if self._free(tried):
-                    return self._take(tried)
+                prefixes = self._free(tried)
+                if prefixes is not None:
+                    return self._take(tried, prefixes)
             n += 1
+
+
+def _prefixes(parts: list[str]) -> tuple[str, ...]:
+    """The lower-cased ``/``-joined prefixes of ``parts``: ``a``, ``a/b``, ..., the whole name.
+
+    Escaped parts are ASCII: lower-casing keeps every length.
+    """
+    low = "/".join(parts).lower()
+    ends, at = [], -1
+    for part in parts[:-1]:
+        at += len(part) + 1
+        ends.append(low[:at])
+    return (*ends, low)
 
 
 def check(name: object) -> None:
