@@ -1,6 +1,7 @@
 """The jaxjob command: ls, show, export, verify against a real run's directory; user mistakes."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import paths
 import pytest
 
 import jaxjob
@@ -169,16 +171,18 @@ def test_show_selects_leaves_by_pattern_and_epoch(run_dir, capsys):
     ]
 
 
+def _readme_read_back():
+    """The README's snippet that reads an exported .npz back (after "Read back:")."""
+    with open(os.path.join(paths.ROOT, "README.md")) as f:
+        text = f.read()
+    return re.search(r"Read back:\n\n```\n(.*?)```", text, re.S).group(1)
+
+
 def _read_npz(file):
-    """An exported .npz as the arrays it was written from (``__jaxjob__`` applied)."""
-    with np.load(file) as data:  # allow_pickle=False: the record is a plain str array
-        info = json.loads(str(data["__jaxjob__"])) if "__jaxjob__" in data else {}
-        arrays = {k: data[k] for k in data if k != "__jaxjob__"}
-    for key, name in info.get("dtype", {}).items():
-        arrays[key] = arrays[key].view(jnp.dtype(name))
-    for key, impl in info.get("prng_impl", {}).items():
-        arrays[key] = jax.random.wrap_key_data(arrays[key], impl=impl)
-    return arrays, info
+    """An exported .npz read back by the README's snippet: the arrays, and the record."""
+    namespace = {"np": np, "json": json, "jnp": jnp, "jax": jax}
+    exec(_readme_read_back().replace('"params.npz"', repr(str(file))), namespace)
+    return namespace["arrays"], namespace["info"]
 
 
 def test_export_npz_keys_are_key_paths_keeping_bfloat16_bits_and_prng_impls(
