@@ -51,6 +51,8 @@ assert (jax.random.key_data(rng) == jax.random.key_data(jax.random.key(1))).all(
 assert step == 300 and cursor.tolist() == [0, 1, 2, 3] and cursor.dtype == np.arange(4).dtype
 assert sorted(flat) == ["cursor", "params/Dense_0/bias", "params/Dense_0/kernel",
                         "params/Dense_1/bias", "params/Dense_1/kernel", "rng", "step"]
+assert sorted(dense_0) == ["params/Dense_0/bias", "params/Dense_0/kernel"]
+assert (dense_0["params/Dense_0/kernel"] == want["Dense_0"]["kernel"]).all()
 print("PLAIN ORBAX OK")
 """
 
