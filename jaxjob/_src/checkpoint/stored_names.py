@@ -16,9 +16,12 @@ back a dict keyed by the key paths that ``jaxjob show`` prints. The rule:
   name a ``/``-prefix of another (a name is a directory in checkpoints written
   without OCDBT), nor does one start with a file Orbax keeps beside the arrays
   (``_METADATA``, ...): a name that would is given ``~1`` (``~2``, ...) at the
-  end of its last part, else of an earlier part. ``~`` appears nowhere else,
-  so ``{0: x, "0": y}``, ``{"a/b": x}`` beside ``{"a": {"b": y}}``, or ``"W"``
-  beside ``"w"`` stay apart: the second is ``0~1``, ``a/b~1``, ``w~1``.
+  end of its last part, else of an earlier part (the first one that makes it
+  free; leaves are named in JAX's order). ``~`` appears nowhere else, so a
+  custom node's keys ``0`` and ``"0"``, the name ``"a/b"`` beside ``{"a": {"b":
+  y}}``, or the keys ``"W"`` and ``"w"`` stay apart: the second is ``0~1``,
+  ``a/b~1``, ``w~1``; a leaf ``lst/0`` beside ``lst/0/x`` makes the later
+  ``lst/0~1/x``.
 
 The manifest maps every key path to its stored name; nothing reads a name
 back into a key path. This module imports neither JAX nor Orbax.
