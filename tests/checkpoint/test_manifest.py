@@ -78,6 +78,18 @@ def _nested(depth):
     return node
 
 
+def _rename_leaf(path, name):
+    """An edit renaming the stored leaf at key path ``path`` (``"['w']"``) everywhere."""
+
+    def edit(doc):
+        entry = _leaf(doc, path)
+        key = path[2:-2]
+        assert doc["state"][key] == {"leaf": entry["name"]}
+        doc["state"][key], entry["name"] = {"leaf": name}, name
+
+    return edit
+
+
 def _swap_leaf_reference(doc):
     """``w`` references the leaf of ``n`` too: one leaf twice, another none."""
     doc["state"]["w"] = doc["state"]["n"]
@@ -183,7 +195,7 @@ CRAFTED = {
     "leaf entry not an object": (_set("leaves", 0, "l0"), r"leaves\[0\]: invalid leaf entry"),
     "leaf entry with an extra key": (
         _set("['w']", "module", "os"),
-        r"invalid leaf entry 'l\d+' at \['w'\]: the entry has unknown \['module'\]",
+        r"invalid leaf entry 'w' at \['w'\]: the entry has unknown \['module'\]",
     ),
     "leaf entry without nbytes": (
         lambda d: _leaf(d, "['n']").pop("nbytes"),
@@ -199,8 +211,20 @@ CRAFTED = {
         _set("['n']", "device", 0),
         r"at \['n'\]: device is 0, expected null, or for a jax or prng_key leaf an int",
     ),
-    "leaf name not a stored name": (_set("['w']", "name", "../x"), r'name is "../x", expected l0'),
-    "leaf name with a leading zero": (_set("['w']", "name", "l01"), r'name is "l01"'),
+    "leaf name not a stored name": (
+        _set("['w']", "name", "../x"),
+        r'name is "../x", expected a stored name: /-joined parts',
+    ),
+    "leaf name with a dot-dot part": (_set("['w']", "name", "a/../b"), r'name is "a/../b"'),
+    "leaf name unescaped": (_set("['w']", "name", "a b"), r'name is "a b"'),
+    "leaf name a directory of another": (
+        _rename_leaf("['w']", "n/x"),
+        r"stored name 'n' is a directory of stored name 'n/x'",
+    ),
+    "leaf name a file Orbax writes": (
+        _rename_leaf("['w']", "_METADATA"),
+        r"stored name '_METADATA' starts with a file Orbax writes",
+    ),
     "leaf path not a string": (_set("['w']", "path", 5), r"path is 5, expected a key path"),
     "leaf kind unknown": (_set("['w']", "kind", "pickle"), r'kind is "pickle", expected one of'),
     "jax dtype a module name": (
@@ -333,9 +357,10 @@ def test_a_manifest_that_is_not_an_object_is_corrupt(tmp_path, text, match):
 @pytest.mark.parametrize(
     "found, match",
     [
-        (5, r"has checkpoint format 5; this jaxjob reads format 6 \(write it again with this"),
-        (1, r"has checkpoint format 1; this jaxjob reads format 6 \(write it again"),
-        (7, r"has checkpoint format 7; this jaxjob reads format 6 \(it was written by a newer"),
+        (6, r"has checkpoint format 6; this jaxjob reads format 7 \(write it again with this"),
+        (5, r"has checkpoint format 5; this jaxjob reads format 7 \(write it again with this"),
+        (1, r"has checkpoint format 1; this jaxjob reads format 7 \(write it again"),
+        (8, r"has checkpoint format 8; this jaxjob reads format 7 \(it was written by a newer"),
     ],
 )
 def test_another_format_is_refused_naming_both(doc, tmp_path, found, match):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import paths
 import pytest
 
 import jaxjob
@@ -174,35 +175,114 @@ def test_show_selects_leaves_by_pattern_and_epoch(run_dir, capsys):
     ]
 
 
-def test_export_npz_keys_are_key_paths_with_the_restored_values(run_dir, tmp_path, capsys):
-    """`jaxjob export -o FILE.npz` writes one array per leaf by key path; bfloat16 as float32."""
-    out_file = tmp_path / "params.npz"
-    status, out, _ = _main(["export", run_dir, "--leaves", "params", "-o", out_file], capsys)
-    assert status == 0 and f"wrote 25 arrays, 528 B, to {out_file}" in out
-    assert "stored as float32 (.npz has no such dtype): params/emb (bfloat16)" in out
-    params = jaxjob.restore(run_dir, leaves=["params"])["params"]
-    with np.load(out_file) as data:
-        assert sorted(data) == sorted(
-            ["params/emb"] + [f"params/layers/{i}/{k}" for i in range(12) for k in "bw"]
-        )
-        np.testing.assert_array_equal(data["params/layers/7/w"], params["layers"][7]["w"])
-        assert data["params/emb"].dtype == np.float32
-        np.testing.assert_array_equal(data["params/emb"], np.asarray(params["emb"], np.float32))
+def _readme_read_back():
+    """The README's snippet that reads an exported .npz back (after "Read back:")."""
+    with open(os.path.join(paths.ROOT, "README.md")) as f:
+        text = f.read()
+    return re.search(r"Read back:\n\n```\n(.*?)```", text, re.S).group(1)
 
 
-def test_export_safetensors_keeps_bfloat16_and_writes_key_data_for_prng_keys(
+def _read_npz(file):
+    """An exported .npz read back by the README's snippet: the arrays, and the record."""
+    namespace = {"np": np, "json": json, "jnp": jnp, "jax": jax}
+    exec(_readme_read_back().replace('"params.npz"', repr(str(file))), namespace)
+    return namespace["arrays"], namespace["info"]
+
+
+def test_export_npz_keys_are_key_paths_keeping_bfloat16_bits_and_prng_impls(
     run_dir, tmp_path, capsys
 ):
-    """`jaxjob export -o FILE.safetensors` keeps bfloat16; a PRNG key becomes its key data."""
-    safetensors = pytest.importorskip("safetensors.numpy")
+    """`jaxjob export -o FILE.npz`: an array per key path; bfloat16 as its bits, PRNG key data."""
+    out_file = tmp_path / "params.npz"
+    argv = ["export", run_dir, "--leaves", "params", "--leaves", "rng", "-o", out_file]
+    status, out, _ = _main(argv, capsys)
+    assert status == 0 and f"wrote 26 arrays, 512 B, to {out_file}" in out
+    assert "stored as their bits (unsigned ints), dtype in the entry '__jaxjob__': " in out
+    assert "params/emb (bfloat16)" in out and "rng (threefry2x32)" in out
+    with np.load(out_file) as data:
+        assert data["params/emb"].dtype == np.uint16 and data["rng"].dtype == np.uint32
+    arrays, info = _read_npz(out_file)
+    assert info == {"dtype": {"params/emb": "bfloat16"}, "prng_impl": {"rng": "threefry2x32"}}
+    saved = jaxjob.restore(run_dir, leaves=["params", "rng"])
+    assert sorted(arrays) == sorted(
+        ["params/emb", "rng"] + [f"params/layers/{i}/{k}" for i in range(12) for k in "bw"]
+    )
+    np.testing.assert_array_equal(arrays["params/layers/7/w"], saved["params"]["layers"][7]["w"])
+    assert arrays["params/emb"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(arrays["params/emb"], saved["params"]["emb"])
+    assert jax.random.key_impl(arrays["rng"]) == jax.random.key_impl(saved["rng"])
+    assert (jax.random.key_data(arrays["rng"]) == jax.random.key_data(saved["rng"])).all()
+
+
+def test_export_npz_without_such_leaves_has_no_record(run_dir, tmp_path, capsys):
+    """An export of float32 leaves only is plain: no ``__jaxjob__`` entry, no note printed."""
+    out_file = tmp_path / "w.npz"
+    status, out, _ = _main(
+        ["export", run_dir, "--leaves", "params/layers/0", "-o", out_file], capsys
+    )
+    assert status == 0 and out == f"wrote 2 arrays, 40 B, to {out_file}\n"
+    with np.load(out_file) as data:
+        assert sorted(data) == ["params/layers/0/b", "params/layers/0/w"]
+
+
+def test_export_safetensors_keeps_bfloat16_and_records_prng_impls(run_dir, tmp_path, capsys):
+    """`jaxjob export -o FILE.safetensors` keeps bfloat16; a PRNG key: key data, impl recorded."""
+    safetensors = pytest.importorskip("safetensors")
+    from safetensors.numpy import load_file
+
     out_file = tmp_path / "emb.safetensors"
     argv = ["export", run_dir, "--leaves", "params/emb", "--leaves", "rng", "-o", out_file]
     status, out, _ = _main(argv, capsys)
     assert status == 0 and "wrote 2 arrays" in out
-    data = safetensors.load_file(str(out_file))
+    assert "PRNG keys as their key data, implementation in the metadata key 'jaxjob': rng" in out
+    data = load_file(str(out_file))
     assert str(data["params/emb"].dtype) == "bfloat16" and data["rng"].dtype == np.uint32
+    with safetensors.safe_open(str(out_file), framework="np") as f:
+        info = json.loads(f.metadata()["jaxjob"])
+    assert info == {"prng_impl": {"rng": "threefry2x32"}}
     rng = jaxjob.restore(run_dir, leaves=["rng"])["rng"]
     np.testing.assert_array_equal(data["rng"], np.asarray(jax.random.key_data(rng)))
+
+
+@pytest.fixture(scope="module")
+def nnx_dir(tmp_path_factory):
+    """A checkpoint of a flax NNX model's whole state (Variables: key paths end in /value)."""
+    nnx = pytest.importorskip("flax.nnx")
+    prefix = tmp_path_factory.mktemp("nnx")
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    ckpt = jaxjob.CheckpointManager(str(prefix))
+    ckpt.save(0, {"params": nnx.state(model), "rng": jax.random.key(1, impl="rbg")})
+    ckpt.close()
+    return prefix
+
+
+def test_export_strip_nnx_value_drops_the_value_suffix(nnx_dir, tmp_path, capsys):
+    """`--strip-nnx-value` writes params/kernel for params/kernel/value; rbg keys keep impl."""
+    plain, stripped = tmp_path / "plain.npz", tmp_path / "stripped.npz"
+    assert _main(["export", nnx_dir, "-o", plain], capsys)[0] == 0
+    assert _main(["export", nnx_dir, "--strip-nnx-value", "-o", stripped], capsys)[0] == 0
+    with np.load(plain) as data:
+        assert sorted(data) == ["__jaxjob__", "params/bias/value", "params/kernel/value", "rng"]
+    arrays, info = _read_npz(stripped)
+    assert sorted(arrays) == ["params/bias", "params/kernel", "rng"]
+    assert info == {"prng_impl": {"rng": "rbg"}}
+    assert jax.random.key_impl(arrays["rng"]) == jax.random.key_impl(jax.random.key(1, impl="rbg"))
+    saved = jaxjob.restore(nnx_dir, leaves=["params/kernel"])["params/kernel"]
+    np.testing.assert_array_equal(arrays["params/kernel"], saved["value"])
+
+
+def test_export_strip_nnx_value_refuses_two_leaves_on_one_key(tmp_path, capsys):
+    """Stripping /value from w/value when w exists too is one line naming both, exit 2."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"w": jnp.ones(1), "w/value": jnp.zeros(1)})  # the name w/value, not a Variable
+    ckpt.close()
+    status, out, err = _main(
+        ["export", tmp_path, "--strip-nnx-value", "-o", tmp_path / "x.npz"], capsys
+    )
+    assert status == 2 and out == ""
+    assert err.startswith(
+        "jaxjob export: the leaf w/value would be exported as 'w', which another leaf"
+    ), err
 
 
 def test_verify_passes_an_intact_run(run_dir, capsys):
@@ -223,7 +303,7 @@ def test_verify_names_each_damaged_leaf_and_exits_1(run_dir, tmp_path, capsys):
     assert status == 1 and lines[-1] == "1 damaged checkpoint(s)"
     _, table, _ = _main(["show", run_dir], capsys)
     every_leaf = [line.split()[0] for line in table.splitlines()[2:-1]]
-    leaf = rf"leaf (\S+) \(\[.*, stored as l\d+\) of epoch 2 in '{copy}/state.*unreadable"
+    leaf = rf"leaf (\S+) \(\[[^)]*\) of epoch 2 in '{copy}/state.*unreadable"
     named = [m for line in lines[:-1] if (m := re.match(leaf, line))]
     assert [m.group(1) for m in named] == every_leaf
     # the per-process B-tree files that the merged database replaced: read by no leaf

@@ -268,7 +268,7 @@ def test_bytes_read_as_another_dtype_of_the_same_size_are_refused(tmp_path):
     prefix = save_epochs(tmp_path / "ckpt", lambda _: {"b": np.arange(4, dtype=np.uint8)}, [0])
     path = os.path.join(prefix, "local.0")
     _edit_manifest(path, lambda doc: doc["leaves"][0].update(dtype="float32", shape=[1]))
-    declared = r"does not declare its leaves as they were saved \(l0: saved as \['uint8', \[4\]\]"
+    declared = r"does not declare its leaves as they were saved \(b: saved as \['uint8', \[4\]\]"
     with pytest.raises(jaxjob.CorruptCheckpointError, match=declared):
         jaxjob.restore(path)
     (line,) = verify.verify_checkpoint(path)

@@ -86,3 +86,38 @@ def test_nnx_state_saved_with_its_variables_restores_into_the_same_types(tmp_pat
         ValueError, match=r"\['params'\]\['bias'\]\.value: dtype mismatch: target float16"
     ):
         jaxjob.restore(tmp_path, target={"params": bad})
+
+
+def test_a_params_only_nnx_state_restores_from_a_whole_saved_state(tmp_path):
+    """``nnx.state(model, nnx.Param)`` as the target reads the Params of a state saved with RNGs.
+
+    Any other target must still match the checkpoint leaf for leaf.
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import jaxjob
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.lin, self.drop = nnx.Linear(3, 2, rngs=rngs), nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.lin(x))
+
+    model = Net(nnx.Rngs(0))
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"model": nnx.state(model)})  # Params, and the dropout's RngKey and RngCount
+    ckpt.close()
+    fresh = Net(nnx.Rngs(1))
+    like = nnx.state(nnx.eval_shape(lambda: Net(nnx.Rngs(0))), nnx.Param)
+    state = jaxjob.restore(tmp_path, target={"model": like})["model"]
+    assert type(state) is nnx.State and type(state["lin"]["kernel"]) is nnx.Param
+    assert sorted(state["lin"]) == ["bias", "kernel"] and "drop" not in state
+    nnx.update(fresh, state)
+    x = jnp.ones((1, 3))
+    assert jnp.array_equal(fresh.lin(x), model.lin(x))
+    plain = {"lin": {"kernel": jax.ShapeDtypeStruct((3, 2), jnp.float32)}}
+    with pytest.raises(ValueError, match=r"the checkpoint has leaves the target lacks .*'bias'"):
+        jaxjob.restore(tmp_path, target={"model": plain})

@@ -69,14 +69,20 @@ def is_data_file(relative: str) -> bool:
     """Whether ``relative`` names a data file: not one of Orbax's, zarr's or jaxjob's metadata.
 
     Example:
-        >>> is_data_file("state/ocdbt.process_0/d/" + "a" * 32), is_data_file("state/l0/0.0")
+        >>> is_data_file("state/ocdbt.process_0/d/" + "a" * 32), is_data_file("state/w/0.0")
         (True, True)
+        >>> is_data_file("state/jaxjob/epochs_done/0"), is_data_file("jaxjob/manifest.json")
+        (True, False)
         >>> is_data_file("state/_METADATA"), is_data_file("state/array_metadatas/process_0")
         (False, False)
     """
     name = relative.rpartition("/")[2]
-    inside = relative if relative.startswith(_METADATA_DIRS) else relative.partition("/")[2]
-    return name not in _METADATA_NAMES and not inside.startswith(_METADATA_DIRS)
+    inside = relative.partition("/")[2]  # within an item: its leaves' stored names, any name
+    return not (
+        name in _METADATA_NAMES
+        or relative.startswith(_METADATA_DIRS)
+        or inside.startswith("array_metadatas/")
+    )
 
 
 def doc_checksum(doc: Mapping[str, Any]) -> int:

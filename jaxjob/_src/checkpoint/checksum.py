@@ -293,7 +293,8 @@ def _ocdbt_files(directory: str) -> dict[str, set[str]]:
         while nodes:
             location = nodes.pop()
             for entry in ts.ocdbt.dump(base, location).result().get("entries", []):
-                name = str(entry.get("key", "")).removeprefix("b'").split("/", 1)[0]
+                # <stored name>/<zarr chunk or .zarray>: no stored name is another's directory
+                name = str(entry.get("key", "")).removeprefix("b'").rpartition("/")[0]
                 if "indirect_value" in entry:  # value:<prefix>:<file>:<offset>:<length>
                     _, prefix, file = entry["indirect_value"].split(":")[:3]
                     files.setdefault(name, set()).add(fs.join(directory, prefix + file))
@@ -364,7 +365,5 @@ def describe(path: str, item: str, spec: Any, found: Any, record: Record | None,
     if record is not None:
         shard = " (shard " + ", ".join(f"{a}:{b}" for a, b in record[0]) + f" of process {process})"
     key = key_path(found, item, spec.name)
-    return (
-        f"leaf {key} ({spec.path}, stored as {spec.name}) of epoch {found.epoch} in {where!r}"
-        f"{shard}: {why}"
-    )
+    stored = "" if spec.name == key else f", stored as {spec.name}"  # escaped, or ~N added
+    return f"leaf {key} ({spec.path}{stored}) of epoch {found.epoch} in {where!r}{shard}: {why}"

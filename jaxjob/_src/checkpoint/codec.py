@@ -1,9 +1,10 @@
 """The leaf codec: how each workspace leaf is described, stored and read back.
 
-A checkpoint stores a workspace as a flat mapping from *stored names*
-(``"l0"``, ``"l1"``, ...: no two leaves ever share one, whatever their key
-paths) to arrays, plus, in the manifest, the tree structure and one
-:class:`LeafSpec` per leaf. The structure keeps what a restore without model
+A checkpoint stores a workspace as a flat mapping from *stored names* (each
+leaf's escaped key path, ``"params/layers/0/w"``: no two leaves ever share one,
+whatever their key paths; :mod:`~jaxjob._src.checkpoint.stored_names`) to
+arrays, plus, in the manifest, the tree structure and one :class:`LeafSpec`
+per leaf. The structure keeps what a restore without model
 code needs to rebuild the tree exactly: dict keys with their types (``int``
 and ``str``), lists vs tuples, ``None`` and leaf order. NamedTuples and other
 custom pytree nodes are kept in their dict (attribute names) or list form;
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import jax
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxjob._src.base.leaves import HOST_LOCAL, SUPPORTED, Kind
-from jaxjob._src.checkpoint import dtypes, hostlocal, schema
+from jaxjob._src.checkpoint import dtypes, hostlocal, schema, stored_names
 
 __all__ = [
     "Codec",
@@ -237,36 +238,42 @@ def _entry_key(entry: Any) -> Any:
 
 
 def flatten(
-    tree: Any, where: str, counter: Iterator[int]
+    tree: Any, where: str, namer: stored_names.Namer, segments: tuple[str, ...] = ()
 ) -> tuple[Any, list[tuple[str, Any, str]]]:
     """The JSON structure of ``tree`` and its leaves as ``(stored name, leaf, key path)``.
 
-    Leaves are in JAX's flattening order; stored names come from ``counter``.
+    Leaves are in JAX's flattening order; ``namer`` names each by its key path:
+    ``segments`` (the persistent name's parts), then the keys down to it.
     """
     leaves: list[tuple[str, Any, str]] = []
 
-    def walk(node: Any, path: str) -> Any:
+    def walk(node: Any, path: str, parts: tuple[Any, ...]) -> Any:
         if node is None:
             return {"none": True}
         if _is_leaf(node):
-            name = f"l{next(counter)}"
+            name = namer.name(parts)
             leaves.append((name, node, path))
             return {"leaf": name}
         children = _pytree_children(node)
         keyless = bool(children) and all(_entry_key(e) is None for e, _ in children)
         if type(node) in (list, tuple) or (type(node) is not dict and keyless):
             kind = "tuple" if type(node) is tuple else "list"
-            return {kind: [walk(c, f"{path}{jax.tree_util.keystr((e,))}") for e, c in children]}
+            return {
+                kind: [
+                    walk(c, f"{path}{jax.tree_util.keystr((e,))}", (*parts, i))
+                    for i, (e, c) in enumerate(children)
+                ]
+            }
         keys = [_key(_entry_key(e)) for e, _ in children]
         _check_unique(keys, path)
         return {
             "dict": [
-                [key, walk(c, f"{path}{jax.tree_util.keystr((e,))}")]
+                [key, walk(c, f"{path}{jax.tree_util.keystr((e,))}", (*parts, _entry_key(e)))]
                 for key, (e, c) in zip(keys, children, strict=True)
             ]
         }
 
-    return walk(tree, where), leaves
+    return walk(tree, where, segments), leaves
 
 
 def _check_unique(keys: list[Any], path: str) -> None:

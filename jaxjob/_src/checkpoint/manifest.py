@@ -18,7 +18,6 @@ than its directory ``<node>.<epoch>`` (a copied or swapped directory).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import time
 from collections.abc import Mapping
@@ -28,7 +27,7 @@ import jax
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.checks import is_int
-from jaxjob._src.checkpoint import checksum, codec, keypaths, schema
+from jaxjob._src.checkpoint import checksum, codec, keypaths, schema, stored_names
 from jaxjob._src.checkpoint.layout import get_ckpt_filename, parse_name
 
 __all__ = [
@@ -42,7 +41,7 @@ __all__ = [
     "same_devices",
 ]
 
-FORMAT = 6  # 5: the devices record; 6: the tier
+FORMAT = 7  # 5: the devices record; 6: the tier; 7: stored names are escaped key paths
 MANIFEST_ITEM = "jaxjob"
 MANIFEST_FILE = "manifest.json"
 STATE = "state"
@@ -238,14 +237,14 @@ def build(
         TypeError: Naming the key path of a leaf that cannot be checkpointed.
         ValueError: If a workspace name is unsafe as a path (``..``, absolute, NUL).
     """
-    counter = itertools.count()
+    namer = stored_names.Namer()
     structures: dict[str, dict[str, Any]] = {STATE: {}, OUTPUTS: {}}
     leaves: dict[str, codec.LeafSpec] = {}
     flat: dict[str, dict[str, Any]] = {STATE: {}, OUTPUTS: {}}
     for item, tree in ((STATE, state), (OUTPUTS, outputs)):
         for name, value in tree.items():
             check_name(name)
-            structure, found = codec.flatten(value, f"[{name!r}]", counter)
+            structure, found = codec.flatten(value, f"[{name!r}]", namer, tuple(name.split("/")))
             structures[item][name] = structure
             for stored, leaf, path in found:
                 leaves[stored] = codec.LeafSpec.of(leaf, stored, path)

@@ -114,7 +114,9 @@ def restore(
             Variables, equinox modules), dtypes and, where its leaves carry
             them, shardings. Leaves are matched by key path; a target leaf
             that is not an array and that the checkpoint lacks (an activation
-            function) is passed through.
+            function) is passed through. An ``nnx.State`` may hold fewer
+            Variables than the checkpoint (``nnx.state(model, nnx.Param)``):
+            only its own are read.
         sharding: Where ``jax.Array`` leaves go (where the target gives no
             sharding): a ``jax.sharding.Sharding``, or a mapping from a key or
             name to a Sharding or to a pytree of them, which may be a prefix

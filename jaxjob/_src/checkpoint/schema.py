@@ -23,12 +23,11 @@ from typing import Any
 
 from jaxjob._src.base.checks import is_int, is_number
 from jaxjob._src.base.leaves import HOST_LOCAL, Kind
-from jaxjob._src.checkpoint import checksum, dtypes, hostlocal
+from jaxjob._src.checkpoint import checksum, dtypes, hostlocal, stored_names
 from jaxjob._src.checkpoint.layout import check_node_name
 
-__all__ = ["FIELDS", "LEAF_KEYS", "RUN_ID", "STORED_NAME", "check", "check_leaf", "leaf_names"]
+__all__ = ["FIELDS", "LEAF_KEYS", "RUN_ID", "check", "check_leaf", "is_stored_name", "leaf_names"]
 
-STORED_NAME = re.compile(r"l(0|[1-9][0-9]{0,17})")  # "l0", "l1", ...: Orbax keys, directory names
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # a run's id: a uuid4's hex
 FIELDS = frozenset(
     {"format", checksum.SELF_KEY, "epoch", "node", "process_count", "owner_process", "time"}
@@ -96,9 +95,7 @@ def _label(entry: Any) -> str:
 def _check_leaf(entry: Any) -> None:
     _keys(entry, LEAF_KEYS, "the entry")
     name, path, kind, shape = entry["name"], entry["path"], entry["kind"], entry["shape"]
-    _require(
-        isinstance(name, str) and bool(STORED_NAME.fullmatch(name)), "name", name, "l0, l1, ..."
-    )
+    stored_names.check(name)  # an Orbax key and, without OCDBT, directories
     _require(isinstance(path, str), "path", path, "a key path string")
     _require(kind in list(Kind), "kind", kind, f"one of {[str(k) for k in Kind]}")
     dtypes.check(Kind(kind), entry["dtype"], entry["impl"])
@@ -132,6 +129,15 @@ def _check_size(kind: Kind, dtype: str, shape: tuple[int, ...], nbytes: Any) -> 
 # ---- tree structures ------------------------------------------------------------------------
 
 
+def is_stored_name(value: Any) -> bool:
+    """Whether ``value`` is a stored name that a save writes (see ``stored_names``)."""
+    try:
+        stored_names.check(value)
+    except ValueError:
+        return False
+    return True
+
+
 def leaf_names(structure: Any, where: str, depth: int = 0) -> list[str]:
     """The stored names that a manifest tree structure references, in order.
 
@@ -145,7 +151,7 @@ def leaf_names(structure: Any, where: str, depth: int = 0) -> list[str]:
         raise ValueError(f"{where[:120]}... is nested deeper than {MAX_DEPTH} containers")
     tag = next(iter(structure)) if isinstance(structure, dict) and len(structure) == 1 else None
     value = structure[tag] if tag is not None else None
-    if tag == "leaf" and isinstance(value, str) and STORED_NAME.fullmatch(value):
+    if tag == "leaf" and is_stored_name(value):
         return [value]
     if tag == "none" and value is True:
         return []
@@ -305,6 +311,7 @@ def check(doc: Any) -> None:
         except ValueError as err:
             raise ValueError(f"leaves[{i}]: {err}") from None
     _coverage(referenced, [entry["name"] for entry in doc["leaves"]])
+    stored_names.check_disjoint(referenced)
     _check_metrics(doc["metrics"])
     _check_checksums(doc["checksums"], doc["process_count"], doc["owner_process"])
     _check_devices(doc["devices"])

@@ -9,7 +9,9 @@ attribute names and sequence indices, whatever the container type), each
 checked for shape and dtype. A target leaf that is not an array (an equinox
 module's activation function) and that the checkpoint does not hold is passed
 through unchanged. An ``nnx.Variable`` 's ``value`` matches a stored plain
-leaf (a state saved with ``nnx.to_pure_dict``).
+leaf (a state saved with ``nnx.to_pure_dict``). An ``nnx.State`` in the target
+may hold fewer Variables than the checkpoint (``nnx.state(model, nnx.Param)``
+of a model saved with its RNG state): the others are not read.
 """
 
 from __future__ import annotations
@@ -153,11 +155,32 @@ def _match(selection: keypaths.Selection, stored: list[tuple], flat: list[tuple]
     return slots, lacking
 
 
+def _is_nnx_state(node: Any) -> bool:
+    """Whether ``node`` is an ``nnx.State`` (flax is not imported for it)."""
+    kind = type(node)
+    return kind.__name__ == "State" and kind.__module__.startswith("flax.nnx")
+
+
+def _filtered(selection: keypaths.Selection, target: Any) -> list[tuple[str, ...]]:
+    """Key paths of the target's ``nnx.State`` nodes, which may hold a filtered state."""
+    states = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_nnx_state)[0]
+    return [
+        (*selection.segments, *keypaths.entry_segments(path))
+        for path, node in states
+        if _is_nnx_state(node)
+    ]
+
+
 def _target_plan(selection, stored, specs, rule, target, where) -> Plan:
     flat, treedef = jax.tree_util.tree_flatten_with_path(target)
     slots, lacking = _match(selection, stored, flat)
     matched = {name for _, name in slots if name is not None}
-    extra = [specs[n].path for _, n in stored if n not in matched]
+    filtered = _filtered(selection, target)
+    extra = [
+        specs[n].path
+        for segs, n in stored
+        if n not in matched and not any(segs[: len(f)] == f for f in filtered)
+    ]
     if lacking or extra:
         raise ValueError(
             f"structure mismatch for {selection.key!r} in {where}: the target has leaves the "

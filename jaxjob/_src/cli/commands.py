@@ -158,51 +158,103 @@ def show(
 # ---- export -------------------------------------------------------------------------------------
 
 
-def _host_array(leaf: Any) -> Any:
+EXPORT_INFO = "__jaxjob__"  # the .npz entry (safetensors: metadata key "jaxjob") saying how to read
+# the others back: {"prng_impl": {key path: implementation}, "dtype": {key path: dtype name}}
+NPZ, SAFETENSORS = ".npz", ".safetensors"
+
+
+def _bits(value: Any) -> Any:
+    """An array of a dtype outside NumPy's (bfloat16, float8, int4) as its bits: uint8/16/..."""
+    import numpy as np
+
+    return value.view(np.dtype(f"uint{8 * value.dtype.itemsize}"))
+
+
+def _is_extension(dtype: Any) -> bool:
+    """Whether ``dtype`` is one of ml_dtypes' (bfloat16, float8, int4, ...)."""
+    return dtype.kind == "V" or type(dtype).__module__.startswith("ml_dtypes")
+
+
+def _exported_key(key: str, strip_value: bool) -> str:
+    return key.removesuffix("/value") if strip_value else key
+
+
+def _flat_arrays(workspace: Any, strip_value: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every leaf of the restored workspace as a NumPy array by its ``/``-joined key path.
+
+    Returns:
+        The arrays (PRNG keys as their key data), and each PRNG key's implementation.
+
+    Raises:
+        ValueError: If two leaves get one key (``strip_value``: ``w`` and ``w/value``).
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-        leaf = jax.random.key_data(leaf)
-    return np.asarray(leaf)
-
-
-def _flat_arrays(workspace: Any) -> dict[str, Any]:
-    """Every leaf of the restored workspace by its ``/``-joined key path."""
-    import jax
-
     from jaxjob._src.checkpoint import keypaths
 
-    arrays = {}
-    for key in workspace:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(workspace[key])[0]:
-            arrays[keypaths.join((key, *keypaths.entry_segments(path)))] = _host_array(leaf)
-    return arrays
+    arrays: dict[str, Any] = {}
+    impls: dict[str, str] = {}
+    for name in workspace:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(workspace[name])[0]:
+            full = keypaths.join((name, *keypaths.entry_segments(path)))
+            key = _exported_key(full, strip_value)
+            if key in arrays or key == EXPORT_INFO:
+                raise ValueError(
+                    f"the leaf {full} would be exported as {key!r}, which another leaf or the "
+                    f"export's {EXPORT_INFO} entry already is; export without --strip-nnx-value "
+                    "or select fewer leaves"
+                )
+            if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                impls[key] = str(jax.random.key_impl(leaf))
+                leaf = jax.random.key_data(leaf)
+            arrays[key] = np.asarray(leaf)
+    return arrays, impls
 
 
-def _write_npz(arrays: dict[str, Any], output: str) -> list[str]:
-    """Writes ``.npz``; dtypes NumPy cannot name (bfloat16, float8) become float32 (exact)."""
+def _as_stored(arrays: dict[str, Any], native: tuple[str, ...]) -> dict[str, str]:
+    """Replaces arrays of dtypes the format lacks (not in ``native``) by their bits, in place.
+
+    Returns:
+        Each replaced array's dtype name, by key.
+    """
+    dtypes = {}
+    for key, value in arrays.items():
+        if _is_extension(value.dtype) and value.dtype.name not in native:
+            dtypes[key] = value.dtype.name
+            arrays[key] = _bits(value)
+    return dtypes
+
+
+def _write_npz(arrays: dict[str, Any], info: dict[str, Any], output: str) -> None:
     import numpy as np
 
-    widened = []
-    for key, value in arrays.items():
-        if value.dtype.kind == "V" or type(value.dtype).__module__.startswith("ml_dtypes"):
-            arrays[key] = value.astype(np.float32)
-            widened.append(f"{key} ({value.dtype})")
+    entries = dict(arrays)
+    if info:  # a 0-d str array: np.load reads it back without pickle
+        entries[EXPORT_INFO] = np.array(json.dumps(info, sort_keys=True))
     with open(output, "wb") as f:
-        np.savez(f, **arrays)
-    return widened
+        np.savez(f, **entries)
 
 
-def _write_safetensors(arrays: dict[str, Any], output: str) -> None:
+def _write_safetensors(arrays: dict[str, Any], info: dict[str, Any], output: str) -> None:
     try:
         from safetensors.numpy import save_file
     except ImportError:
         raise ValueError(
             "writing .safetensors needs the safetensors package: pip install safetensors"
         ) from None
-    save_file({k: v.copy(order="C") for k, v in arrays.items()}, output)
+    metadata = {"jaxjob": json.dumps(info, sort_keys=True)} if info else None
+    save_file({k: v.copy(order="C") for k, v in arrays.items()}, output, metadata=metadata)
+
+
+def _say_how(impls: dict[str, str], dtypes: dict[str, str], where: str) -> None:
+    if impls:
+        keys = ", ".join(f"{k} ({v})" for k, v in impls.items())
+        print(f"PRNG keys as their key data, implementation in {where}: {keys}")
+    if dtypes:
+        keys = ", ".join(f"{k} ({v})" for k, v in dtypes.items())
+        print(f"stored as their bits (unsigned ints), dtype in {where}: {keys}")
 
 
 def export(
@@ -212,21 +264,34 @@ def export(
     patterns: Sequence[str] | None = None,
     epoch: int | None = None,
     node: str | None = None,
+    strip_value: bool = False,
 ) -> int:
-    """Writes the selected leaves to ``output`` (``.npz``, ``.safetensors``) by key path."""
+    """Writes the selected leaves to ``output`` (``.npz``, ``.safetensors``) by key path.
+
+    Nothing is lost: a PRNG key is written as its key data (uint32) and its
+    implementation recorded; a dtype the format lacks (``.npz``: bfloat16,
+    float8, int4; ``.safetensors``: all but bfloat16) as its bits, the dtype
+    recorded. The record is a JSON object ``{"prng_impl": {key: impl},
+    "dtype": {key: name}}``: the ``.npz`` entry ``__jaxjob__``, the
+    ``.safetensors`` metadata key ``jaxjob``, written when there is
+    something to record. With ``strip_value``, a key path's trailing
+    ``/value`` (flax NNX Variables) is dropped.
+    """
     suffix = os.path.splitext(output)[1]
-    if suffix not in (".npz", ".safetensors"):
+    if suffix not in (NPZ, SAFETENSORS):
         raise ValueError(f"output must end in .npz or .safetensors, got {output!r}")
     import jaxjob
 
     workspace = jaxjob.restore(path, epoch=epoch, node_name=node, leaves=patterns or None)
-    arrays = _flat_arrays(workspace)
-    if suffix == ".safetensors":
-        _write_safetensors(arrays, output)
+    arrays, impls = _flat_arrays(workspace, strip_value)
+    dtypes = _as_stored(arrays, ("bfloat16",) if suffix == SAFETENSORS else ())
+    info = {k: v for k, v in (("prng_impl", impls), ("dtype", dtypes)) if v}
+    if suffix == SAFETENSORS:
+        _write_safetensors(arrays, info, output)
+        _say_how(impls, dtypes, "the metadata key 'jaxjob'")
     else:
-        widened = _write_npz(arrays, output)
-        if widened:
-            print(f"stored as float32 (.npz has no such dtype): {', '.join(widened)}")
+        _write_npz(arrays, info, output)
+        _say_how(impls, dtypes, f"the entry {EXPORT_INFO!r}")
     total = sum(a.nbytes for a in arrays.values())
     print(f"wrote {len(arrays)} arrays, {human(total)}, to {output}")
     return 0

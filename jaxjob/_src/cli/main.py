@@ -78,7 +78,9 @@ def _run_show(args: argparse.Namespace) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     from jaxjob._src.cli import commands
 
-    return commands.export(args.path, args.output, **_selection(args))
+    return commands.export(
+        args.path, args.output, strip_value=args.strip_nnx_value, **_selection(args)
+    )
 
 
 def _run_verify(args: argparse.Namespace) -> int:
@@ -119,8 +121,20 @@ SUBCOMMANDS = (
         help="write leaves to .npz or .safetensors, keyed by /-joined key path",
         description="Writes the selected leaves (default: all) to FILE.npz or FILE.safetensors "
         "(needs the safetensors package), one array per leaf keyed by its /-joined key path. "
-        "PRNG keys are written as their key data; .npz stores bfloat16 and float8 as float32.",
-        arguments=(*SELECTION, _arg("-o", "--output", required=True, metavar="FILE")),
+        "Nothing is lost: PRNG keys are written as their key data, dtypes the format lacks "
+        "(.npz: bfloat16, float8, int4; .safetensors: all but bfloat16) as their bits; the "
+        "keys' implementations and those dtypes are recorded as JSON in the .npz entry "
+        "__jaxjob__ or the .safetensors metadata key jaxjob.",
+        arguments=(
+            *SELECTION,
+            _arg("-o", "--output", required=True, metavar="FILE"),
+            _arg(
+                "--strip-nnx-value",
+                action="store_true",
+                help="drop the trailing /value of flax NNX Variables' key paths "
+                "(params/kernel/value becomes params/kernel)",
+            ),
+        ),
         run=_run_export,
     ),
     Subcommand(
