@@ -11,11 +11,13 @@ wrong:
 
 * Before a save of epoch ``e`` starts (either tier), the records of the
   epochs run since the previous save are written, final, and a first record
-  of ``e``: its values, no times yet. After the save returns, the final
-  record of ``e`` (with its times). So every epoch a committed checkpoint
-  covers has its values on storage before that checkpoint can commit; only
-  the times of the resumed epoch go missing if a kill lands between its
-  commit and its final record (milliseconds).
+  of ``e``: its values, no times yet (appended and fsynced: one fsync per
+  save). After the save returns, the final record of ``e`` with its times
+  (appended, not fsynced: only times are at stake). So every epoch a
+  committed checkpoint covers has its values on storage before that
+  checkpoint can commit, also across a machine crash; only the times of the
+  resumed epoch go missing if a kill lands between its commit and its final
+  record (milliseconds).
 * Reading keeps each epoch's last line and the epochs ``<= k``: the lines a
   killed run wrote for epochs after ``k`` are dropped, and once the resumed
   run runs such an epoch again, its own lines come later in the file and win.
@@ -169,7 +171,7 @@ class HistoryFile:
         self._ran = []
         if first is not None:
             self._keep(first)
-        self._append(pending)
+        self._append(pending, sync=True)
 
     def saved(self, record: Mapping[str, Any] | None) -> None:
         """Writes the final record of the epoch just saved (None: epoch 0's save).
@@ -180,7 +182,7 @@ class HistoryFile:
         if record is not None:
             self._keep(record)
         if self._compacted:
-            self._append([record] if record is not None else [])
+            self._append([record] if record is not None else [], sync=False)
             return
         self._compacted = self._write(lambda: self._compact(), what="rewrite")
 
@@ -195,11 +197,12 @@ class HistoryFile:
             fs.write_text(self.path, _lines(self._records))
         self._unwritten = []
 
-    def _append(self, records: list[Mapping[str, Any]]) -> None:
+    def _append(self, records: list[Mapping[str, Any]], *, sync: bool) -> None:
         lines = [*self._unwritten, *records]
         if lines:
             self._unwritten = lines
-            if self._write(lambda: fs.append_text(self.path, _lines(lines)), what="append"):
+            text = _lines(lines)
+            if self._write(lambda: fs.append_text(self.path, text, sync=sync), what="append"):
                 self._unwritten = []
 
     def _write(self, write: Any, *, what: str) -> bool:

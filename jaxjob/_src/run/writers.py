@@ -152,8 +152,9 @@ class JsonlWriter:
 
     Each line is the full record, e.g. ``{"epoch": 3, "loss": 0.21,
     "epoch_time_s": 0.41, "save_time_s": 0.01}``. On local disk each line is
-    appended and flushed to stable storage; on object stores, which cannot
-    append, the object is uploaded again with the line added.
+    appended (it survives a kill of the process; not fsynced: after a machine
+    crash, ``resume`` adds back what is missing); on object stores, which
+    cannot append, the object is uploaded again with the line added.
 
     ``resume(history)``: the lines already in the file for the history's
     epochs are kept as they are (the longest run of lines whose epochs match
@@ -197,7 +198,7 @@ class JsonlWriter:
         if kept < len(lines):
             fs.write_text(self.path, "".join(line + "\n" for line in lines[:kept]) + missing)
         elif missing:
-            fs.append_text(self.path, missing)
+            fs.append_text(self.path, missing, sync=False)
 
     def _lines(self) -> list[str]:
         if not fs.exists(self.path):
@@ -206,7 +207,7 @@ class JsonlWriter:
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Appends the record as one line."""
-        fs.append_text(self.path, _line(record))
+        fs.append_text(self.path, _line(record), sync=False)
 
     def close(self) -> None:
         """Nothing to close: every line is on storage once ``write`` returns."""
