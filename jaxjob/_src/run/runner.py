@@ -130,8 +130,11 @@ class JobRunner:
         >>> session = jaxjob.Session()
         >>> jaxjob.JobRunner(job, ckpt).train(session), float(session.workspace["x"])
         (3, 3.0)
-        >>> jaxjob.JobRunner(job, ckpt).train(jaxjob.Session())  # finished: runs no epoch
+        >>> again = jaxjob.JobRunner(job, ckpt)
+        >>> again.train(jaxjob.Session())  # finished: runs no epoch
         3
+        >>> [record["epoch"] for record in again.history]  # rebuilt: the whole run
+        [1, 2, 3]
     """
 
     def __init__(
