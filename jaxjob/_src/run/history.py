@@ -26,14 +26,14 @@ wrong:
   upload): stale lines do not stay.
 
 A torn last line (a kill during an append) is skipped. A failed write
-(``OSError``) is logged as a warning and retried with the next write: the
-history never stops training.
+(``OSError``) is logged as a warning (once a run) and retried with the next
+write: the history never stops training.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -136,6 +136,7 @@ class HistoryFile:
         self._unwritten: list[Mapping[str, Any]] = []  # lines a failed write left
         self._ran: list[Mapping[str, Any]] = []  # epochs run since the last save
         self._compacted = False
+        self._warned = False
 
     def rebuild(self, epoch: int | None) -> list[dict[str, Any]]:
         """The stored records of epochs ``1..epoch`` (None: from scratch), on every process.
@@ -184,7 +185,7 @@ class HistoryFile:
         if self._compacted:
             self._append([record] if record is not None else [], sync=False)
             return
-        self._compacted = self._write(lambda: self._compact(), what="rewrite")
+        self._compacted = self._write(self._compact, what="rewrite")
 
     def _keep(self, record: Mapping[str, Any]) -> None:
         if self._records and self._records[-1]["epoch"] == record["epoch"]:
@@ -205,16 +206,18 @@ class HistoryFile:
             if self._write(lambda: fs.append_text(self.path, text, sync=sync), what="append"):
                 self._unwritten = []
 
-    def _write(self, write: Any, *, what: str) -> bool:
-        """Runs ``write`` on process 0; a failure is a warning (retried at the next write)."""
+    def _write(self, write: Callable[[], None], *, what: str) -> bool:
+        """Runs ``write`` on process 0; a failure is a warning once a run (retried at each save)."""
         if not self._writer:
             return True
         try:
             write()
         except OSError as err:
-            logger.warning(
-                "Could not %s the history file %s (%s); retrying at the next save. A restart "
-                "before then resumes with the history it holds",
+            log = logger.debug if self._warned else logger.warning
+            self._warned = True
+            log(
+                "Could not %s the history file %s (%s); retrying at each save. A restart "
+                "before a write succeeds resumes with the history the file holds",
                 what, self.path, err,
             )  # fmt: skip
             return False
