@@ -11,6 +11,7 @@ import history_job
 import jax.numpy as jnp
 import paths
 import pytest
+import tensorboardX  # the [test] extra has it: the core test needs it, no skip
 
 import jaxjob
 from jaxjob import testing
@@ -19,7 +20,6 @@ from jaxjob._src.run.history import HISTORY_FILE, HistoryFile, read_records
 
 JOB = os.path.join(paths.JOBS, "history_job.py")
 EPOCHS = 6
-tensorboardX = pytest.importorskip("tensorboardX")
 
 
 def _events(logdir):
