@@ -32,6 +32,9 @@ _EXPORTS = {  # public name -> the module defining it
     "MultiNodeCheckpointManager": "jaxjob._src.manager.multinode",
     "restore": "jaxjob._src.checkpoint.restore",
     "JobRunner": "jaxjob._src.run.runner",
+    "JsonlWriter": "jaxjob._src.run.writers",
+    "MetricWriter": "jaxjob._src.run.writers",
+    "TensorBoardWriter": "jaxjob._src.run.tensorboard",
     "AutoInterval": "jaxjob._src.run.auto_interval",
     "Session": "jaxjob._src.core.session",
     "Node": "jaxjob._src.core.task",
@@ -73,7 +76,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; the same names as _EXPORTS
     from jaxjob._src.multihost.hosts import HostTimeoutError as HostTimeoutError
     from jaxjob._src.run.auto_interval import AutoInterval as AutoInterval
     from jaxjob._src.run.runner import JobRunner as JobRunner
+    from jaxjob._src.run.tensorboard import TensorBoardWriter as TensorBoardWriter
     from jaxjob._src.run.upload import UploadTaskGroupBuilder as UploadTaskGroupBuilder
+    from jaxjob._src.run.writers import JsonlWriter as JsonlWriter
+    from jaxjob._src.run.writers import MetricWriter as MetricWriter
 
 
 def _resolve(name: str) -> Any:

@@ -202,14 +202,16 @@ def test_fs_normalize_examples():
         fs.normalize("", "db_prefix")
 
 
-def test_fs_append_text_creates_appends_and_isolates_a_torn_line(tmp_path):
-    """Appends start on a new line even after a crash tore the last one; fsync_tree counts all."""
+@pytest.mark.parametrize("sync", [True, False])
+def test_fs_append_text_creates_appends_and_isolates_a_torn_line(tmp_path, sync):
+    """Appends start on a new line even after a crash tore the last one (with or without
+    fsync); fsync_tree counts all."""
     path = str(tmp_path / "log.jsonl")
-    fs.append_text(path, '{"epoch": 0}\n')
-    fs.append_text(path, '{"epoch": 1}\n')
+    fs.append_text(path, '{"epoch": 0}\n', sync=sync)
+    fs.append_text(path, '{"epoch": 1}\n', sync=sync)
     with open(path, "a") as f:
         f.write('{"epo')  # a crash in the middle of an append
-    fs.append_text(path, '{"epoch": 2}\n')
+    fs.append_text(path, '{"epoch": 2}\n', sync=sync)
     assert (tmp_path / "log.jsonl").read_text().splitlines() == [
         '{"epoch": 0}',
         '{"epoch": 1}',

@@ -110,7 +110,8 @@ def test_history_keeps_values_and_times_per_epoch(tmp_path, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 3
     more = jaxjob.JobRunner(_job(4), jaxjob.CheckpointManager(str(tmp_path)), progress=["loss"])
     more.train(jaxjob.Session())
-    assert [(r["epoch"], r["loss"]) for r in more.history] == [(4, 7.0)]
+    assert more.history[:3] == runner.history  # resumed: the earlier epochs' records come back
+    assert [(r["epoch"], r["loss"]) for r in more.history] == [(1, 10), (2, 9), (3, 8), (4, 7.0)]
 
 
 def test_without_progress_history_keeps_times_and_nothing_prints(capsys):

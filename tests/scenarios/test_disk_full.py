@@ -48,9 +48,10 @@ def small_disk(tmp_path):
 
 
 def _listing(path):
-    """What ``path`` holds but the history and the run id (and no lock is left)."""
+    """What ``path`` holds but the metadata, the history and the run id (and no lock is left)."""
     assert os.listdir(os.path.join(path, ".jaxjob")) == ["run.json"]
-    return sorted(n for n in os.listdir(path) if n not in ("jaxjob_metadata.jsonl", ".jaxjob"))
+    records = ("jaxjob_metadata.jsonl", "jaxjob_history.jsonl", ".jaxjob")
+    return sorted(n for n in os.listdir(path) if n not in records)
 
 
 def test_disk_full_keeps_older_epochs_and_a_later_run_resumes(small_disk, tmp_path):

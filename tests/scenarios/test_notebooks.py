@@ -36,7 +36,8 @@ def _cell(nb, needle):
 
 @pytest.mark.timeout(300)
 def test_quickstart_trains_reruns_continues_restores_and_plots():
-    """quickstart: 5 epochs with progress, a rerun does nothing, a raised limit continues to 8."""
+    """quickstart: 5 epochs with progress, a rerun does nothing, a raised limit continues to 8;
+    a run killed in epoch 7 and resumed plots one curve of its 12 epochs."""
     nb, seconds = _execute("quickstart.ipynb")
     assert seconds < 120
     first = _text(_cell(nb, "progress=["))
@@ -52,6 +53,15 @@ def test_quickstart_trains_reruns_continues_restores_and_plots():
     assert accuracy > 0.8
     plot = _cell(nb, "runner.history")
     assert any("image/png" in out.get("data", {}) for out in plot.outputs)
+    killed = re.search(
+        r"killed: True \| committed epochs: \[0, (?:\d+, )*(\d+)\]", _text(_cell(nb, "kill_at"))
+    )
+    assert killed and int(killed.group(1)) in (5, 6), _text(_cell(nb, "kill_at"))  # died in epoch 7
+    resumed = _text(_cell(nb, "resumed.train"))
+    assert f"epoch {int(killed.group(1)) + 1} " in resumed and resumed.strip().endswith("12")
+    curve = _cell(nb, "resumed.history")  # epochs of both runs, in the history and the JSONL file
+    assert f"history epochs: {list(range(1, 13))} | metrics.jsonl lines: 12" in _text(curve)
+    assert any("image/png" in out.get("data", {}) for out in curve.outputs)
 
 
 @pytest.mark.timeout(300)

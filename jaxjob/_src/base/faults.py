@@ -32,6 +32,7 @@ POINTS = (
     "local.save.copy",  # the same three of a save to the local tier (jaxjob.LocalTier)
     "local.save.write",
     "local.save.commit",
+    "history.saved",  # a save has returned, its epoch's final history record is not yet written
     "retention.delete",  # retention is deleting an old epoch
     "lock.takeover",  # a dead writer's lock is being taken over
 )

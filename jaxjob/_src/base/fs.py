@@ -339,13 +339,15 @@ def _create_remote(path: str, text: str) -> bool:
     return True
 
 
-def append_text(path: str, text: str) -> None:
+def append_text(path: str, text: str, *, sync: bool = True) -> None:
     """Appends ``text`` to the file at ``path`` (created if missing), durably.
 
     On local disk the file is appended to and fsynced (its directory too
     when the file is new); a line that a crash tore stays on its own line,
-    since ``text`` then starts on a new one. Object stores cannot append:
-    the object is read and uploaded again with ``text`` added.
+    since ``text`` then starts on a new one. ``sync=False`` skips the fsyncs:
+    the text survives the process (a kill), not necessarily the machine.
+    Object stores cannot append: the object is read and uploaded again with
+    ``text`` added (durable either way).
     """
     if is_remote(path):
         write_text(path, (read_text(path) if exists(path) else "") + text)
@@ -358,8 +360,9 @@ def append_text(path: str, text: str) -> None:
                 text = "\n" + text
         f.write(text.encode())
         f.flush()
-        os.fsync(f.fileno())
-    if created:
+        if sync:
+            os.fsync(f.fileno())
+    if created and sync:
         fsync_dir(os.path.dirname(path))
 
 

@@ -1,4 +1,4 @@
-"""The training loop: the runner, resuming, epoch ends, save policy and failures, progress, upload.
+"""The training loop: runner, resume, epoch ends, saves and failures, progress, history, upload.
 
 Imports every layer below it: ``base``, ``core``, ``internals``,
 ``multihost``, ``checkpoint``, ``manager``.

@@ -126,7 +126,8 @@ class Progress:
         >>> history = []
         >>> progress = Progress(["loss"], history, display=True)
         >>> with contextlib.redirect_stdout(io.StringIO()) as out:
-        ...     _ = progress.epoch_done(1, {"loss": 0.5}, epoch_time_s=0.25, save_time_s=0.0)
+        ...     values = progress.values(1, {"loss": 0.5, "x": 3})
+        ...     _ = progress.epoch_done(1, values, epoch_time_s=0.25, save_time_s=0.0)
         ...     progress.close()
         >>> history
         [{'epoch': 1, 'loss': 0.5, 'epoch_time_s': 0.25, 'save_time_s': 0.0}]
@@ -153,23 +154,26 @@ class Progress:
         """Notes that the save of ``epoch`` failed: the next record shows it."""
         self._failed.append(epoch)
 
-    def epoch_done(
-        self,
-        epoch: int,
-        ws: Mapping[str, Any],
-        *,
-        epoch_time_s: float,
-        save_time_s: float,
-        saved_to: str | None = None,
-    ) -> dict[str, Any]:
-        """Records epoch ``epoch`` (its run's workspace ``ws``), shows it and returns the record.
+    def values(self, epoch: int, ws: Mapping[str, Any]) -> dict[str, float]:
+        """The names' values in epoch ``epoch``'s run workspace ``ws`` (a device sync if any).
 
         Raises:
             KeyError: If a name is not in ``ws``.
             ValueError: If a name's value is not a scalar.
         """
-        record: dict[str, Any] = {"epoch": epoch}
-        record.update({name: _scalar(name, ws, epoch) for name in self.names})
+        return {name: _scalar(name, ws, epoch) for name in self.names}
+
+    def epoch_done(
+        self,
+        epoch: int,
+        values: Mapping[str, float],
+        *,
+        epoch_time_s: float,
+        save_time_s: float,
+        saved_to: str | None = None,
+    ) -> dict[str, Any]:
+        """Records epoch ``epoch`` with ``values`` (from :meth:`values`); shows and returns it."""
+        record: dict[str, Any] = {"epoch": epoch, **values}
         record.update(epoch_time_s=epoch_time_s, save_time_s=save_time_s)
         if saved_to is not None:  # a manager with two tiers: which one this epoch went to
             record["saved_to"] = saved_to

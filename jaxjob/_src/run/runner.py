@@ -27,11 +27,13 @@ from jaxjob._src.multihost import hosts
 from jaxjob._src.run import shardings
 from jaxjob._src.run.agreement import Boundary, agree_boundary, any_process
 from jaxjob._src.run.auto_interval import AutoInterval, save_policy
+from jaxjob._src.run.history import HistoryFile, NoHistory
 from jaxjob._src.run.interval import SaveClock, SaveInterval
 from jaxjob._src.run.progress import Progress, check_names
 from jaxjob._src.run.resume import local_choice, restore_targets, resume_epoch
 from jaxjob._src.run.save_failures import SAVE_ERROR_POLICIES, SaveFailures
 from jaxjob._src.run.upload import UploadTaskGroupBuilder
+from jaxjob._src.run.writers import MetricWriter, MultiWriter, check_writers
 
 __all__ = ["JobRunner"]
 
@@ -91,20 +93,30 @@ class JobRunner:
             epoch with the epoch's time and save time (a ``tqdm`` bar in a
             terminal or notebook, else one line per epoch on stdout; process
             0 only), and to record in ``history``. None shows nothing.
+        writers: Metric writers that get every epoch's ``history`` record on
+            process 0, e.g. ``[jaxjob.JsonlWriter("metrics.jsonl"),
+            jaxjob.TensorBoardWriter("tb")]``; on resume, each is first
+            given the rebuilt history (see :class:`jaxjob.MetricWriter`).
         mesh: A ``jax.sharding.Mesh`` that ``train`` enters with
             ``jax.set_mesh`` (needed for meshes with Explicit axes, the
             default of ``jax.make_mesh``: tasks then use
             ``jax.sharding.reshard(x, P(...))``).
 
     Attributes:
-        history: One dict per epoch that ``train`` ran on this runner:
-            ``"epoch"``, the ``progress`` names' values (floats),
+        history: One dict per epoch of the run: ``"epoch"``, the ``progress``
+            names' values (floats),
             ``"epoch_time_s"`` (the epoch group and its save) and
             ``"save_time_s"`` (the part the training thread spent saving),
             with ``save_every="auto"`` ``"save_interval_s"`` (the interval then),
             and, after a save failure surfaced during that epoch's save,
             ``"save_failed"`` (the failed epochs; the progress line shows
-            ``save FAILED``).
+            ``save FAILED``). With a checkpoint manager it survives a
+            restart: process 0 writes each record to
+            ``<db_prefix>/jaxjob_history.jsonl`` (before the epoch's save
+            can commit), and ``train`` resuming from epoch ``k`` starts it
+            with the records of epochs ``1..k`` (the resumed epoch's lacks
+            its times if the run died right after that save). Without one,
+            each ``train`` starts it empty.
         save_errors: The save failures met under ``on_save_error="warn"``.
 
     Example:
@@ -118,8 +130,11 @@ class JobRunner:
         >>> session = jaxjob.Session()
         >>> jaxjob.JobRunner(job, ckpt).train(session), float(session.workspace["x"])
         (3, 3.0)
-        >>> jaxjob.JobRunner(job, ckpt).train(jaxjob.Session())  # finished: runs no epoch
+        >>> again = jaxjob.JobRunner(job, ckpt)
+        >>> again.train(jaxjob.Session())  # finished: runs no epoch
         3
+        >>> [record["epoch"] for record in again.history]  # rebuilt: the whole run
+        [1, 2, 3]
     """
 
     def __init__(
@@ -137,6 +152,7 @@ class JobRunner:
         save_every: Literal["auto"] | AutoInterval | None = None,
         mtbf_hours: float | None = None,
         preemption_signals: Sequence[signal.Signals | int] = (signal.SIGTERM,),
+        writers: Sequence[MetricWriter] = (),
     ) -> None:
         if on_save_error not in SAVE_ERROR_POLICIES:
             raise ValueError(
@@ -162,6 +178,9 @@ class JobRunner:
         self.mesh = mesh
         self.history: list[dict[str, Any]] = []
         self._progress = Progress(None, self.history)
+        self.writers = check_writers(writers)
+        self._writers = MultiWriter(())
+        self._store: HistoryFile | NoHistory = NoHistory()
         self._warned: set[str] = set()
         self.save_interval = save_policy(
             save_every, mtbf_hours, save_every_epochs, save_every_seconds
@@ -208,6 +227,8 @@ class JobRunner:
             total=self.job.epoch_limit,
             display=jax.process_index() == 0,
         )
+        self._writers = MultiWriter(self.writers if jax.process_index() == 0 else ())
+        self._store = self._history_store()
         mesh = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
         try:
             with mesh:
@@ -217,6 +238,12 @@ class JobRunner:
             raise err.with_traceback(None) from None  # not jaxjob's and Orbax's frames
         finally:
             self._progress.close()
+            self._writers.close()
+
+    def _history_store(self) -> HistoryFile | NoHistory:
+        if self.checkpoint_manager is None:
+            return NoHistory()
+        return HistoryFile(self.checkpoint_manager.db_prefix, timeout_s=self._timeout_s())
 
     def _train(self, session: Session) -> int:
         watch = SignalWatch(self.preemption_signals if self._watching else ())
@@ -242,6 +269,7 @@ class JobRunner:
         )
         try:
             epoch, finished = self._start(session, resume)
+            self._writers.resume(self.history)
             if not finished:
                 checks.check_stop_names(self.job, session)
             if resume is not None:  # from scratch, _start set it at epoch 0's save
@@ -268,6 +296,7 @@ class JobRunner:
         manager = self.checkpoint_manager
         self._local = self._local_schedule(manager)
         if resume is None:
+            self.history[:] = self._store.rebuild(None)
             session.run(self.job.init_group)
             self._clock = SaveClock(0)  # an auto interval counts from epoch 0's save start
             if manager is not None:
@@ -276,6 +305,7 @@ class JobRunner:
                 saving = time.perf_counter()
                 self.save_checkpoints(0, session)
                 self._saved(time.perf_counter() - saving, provisional=True)
+                self._store.saved(None)
                 if not isinstance(self.save_interval, AutoInterval):
                     self._clock = SaveClock(0)  # save_every_seconds: from after that save
             return 0, False
@@ -283,6 +313,7 @@ class JobRunner:
             raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
         manager.init(self._nodes(), retrieve_from_epoch=resume)
         tier, epoch = self._restore(session, manager, resume)
+        self.history[:] = self._store.rebuild(epoch)
         source = manager.tier_manager(tier) if tier == LOCAL else manager
         if self._local is not None:
             self._local = (self._local[0], SaveClock(epoch))
@@ -402,6 +433,7 @@ class JobRunner:
             set(run) - set(session.workspace), session.workspace, self._warned
         )
         faults.point("epoch")
+        progress = self._progress.values(epoch, run)
         values, read = self.job.stop_values(run)
         boundary = agree_boundary(
             epoch,
@@ -416,7 +448,12 @@ class JobRunner:
         )
         save_time_s = 0.0
         saved_to = None
+        two_tiers = self._local is not None
         if self.checkpoint_manager is not None and (boundary.save or boundary.local):
+            tier = PERSISTENT if boundary.save else LOCAL
+            self._store.saving(
+                {"epoch": epoch, **progress, **({"saved_to": tier} if two_tiers else {})}
+            )
             wanted = [*read, *self.checkpoint_manager.required_outputs]
             outputs = {k: run[k] for k in wanted if k in run and k not in session.workspace}
             jax.block_until_ready(run)  # the save's copy would wait for it: not save time
@@ -436,13 +473,18 @@ class JobRunner:
         epoch_time_s = time.perf_counter() - started
         record = self._progress.epoch_done(
             epoch,
-            run,
+            progress,
             epoch_time_s=epoch_time_s,
             save_time_s=save_time_s,
-            saved_to=saved_to if self._local is not None else None,
+            saved_to=saved_to if two_tiers else None,
         )
         if isinstance(self.save_interval, AutoInterval):
             record["save_interval_s"] = self.save_interval.seconds
+        if saved_to is None:
+            self._store.ran(record)
+        else:
+            self._store.saved(record)
+        self._writers.write(record)
         return boundary
 
     def _saved(self, save_time_s: float, *, provisional: bool = False) -> None:
