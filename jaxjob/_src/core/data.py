@@ -129,15 +129,27 @@ class IndexCursor:
                 data_epoch, offset = data_epoch + 1, 0
         return np.concatenate(taken), np.array([data_epoch, offset], np.int32)
 
-    def next_batches(self, cursor: np.ndarray, steps: int | None) -> tuple[Any, np.ndarray]:
+    def next_batches(
+        self,
+        cursor: np.ndarray,
+        steps: int | None,
+        *,
+        process_index: int | None = None,
+        process_count: int | None = None,
+    ) -> tuple[Any, np.ndarray]:
         """This process's rows of the next ``steps`` global batches (stacked), and the new cursor.
 
-        With ``steps=None``: one batch, not stacked.
+        Args:
+            cursor: ``[data epoch, offset]``.
+            steps: How many global batches; None: one batch, not stacked.
+            process_index: The process whose rows to read (default: this one).
+            process_count: The processes the batches are split over (default: the job's).
 
         Raises:
             ValueError: If ``batch_size`` is not a multiple of the process count.
         """
-        count, me = jax.process_count(), jax.process_index()
+        count = jax.process_count() if process_count is None else process_count
+        me = jax.process_index() if process_index is None else process_index
         if self.batch_size % count:
             raise ValueError(
                 f"IndexCursor: batch_size {self.batch_size} must be a multiple of the process "
