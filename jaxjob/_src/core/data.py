@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
+import io
 import json
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -394,7 +395,9 @@ def warn_unsaved_iterators(tasks: Iterable[Any], warned: set[str]) -> None:
     ``get_state()``/``set_state()`` that a task's function refers to (a
     closure variable, a global, a default argument) restarts from its
     beginning in a resumed run: the job then reads other samples than an
-    uninterrupted one, silently.
+    uninterrupted one, silently. Open files (iterators too) are left alone:
+    a task may write a log. Only the names the function itself refers to
+    are looked at, not those of the functions it calls.
 
     Args:
         tasks: The epoch group's tasks.
@@ -438,5 +441,5 @@ def _iterators_of(fn: Any) -> list[tuple[str, Any]]:
     return [
         (name, value)
         for name, value in named.items()
-        if _is_iterator(value) and not _has_state(value)
+        if _is_iterator(value) and not _has_state(value) and not isinstance(value, io.IOBase)
     ]
