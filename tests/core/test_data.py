@@ -2,6 +2,7 @@
 
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -147,6 +148,24 @@ def test_add_data_refuses_what_is_not_a_source():
         job.add_data("batch", data.IndexCursor(IDS, batch_size=2), steps=0)
     with pytest.raises(TypeError, match="loader must have get_state"):
         data.Stateful(3)
+    with pytest.raises(
+        TypeError, match="sharding must be a jax.sharding.Sharding or None, got 'x'"
+    ):
+        job.add_data("batch", data.IndexCursor(IDS, batch_size=2), sharding="x")
+
+
+def test_with_a_sharding_the_batches_are_global_arrays(tmp_path):
+    """``sharding=``: every leaf of ``ws[name]`` is a jax.Array with it (all processes' rows)."""
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    job = jaxjob.Job()
+    source = data.IndexCursor({"x": IDS.astype(np.float32)}, batch_size=2)
+    job.add_data("batch", source, steps=3, sharding=sharding)
+    got = []
+    job.epoch_group.add(lambda ws: got.append(ws["batch"]["x"]), jit=False)
+    jaxjob.epoch_limiter(job, 1)
+    jaxjob.JobRunner(job).train(jaxjob.Session())
+    assert isinstance(got[0], jax.Array) and got[0].sharding == sharding
+    assert got[0].tolist() == [[0, 1], [2, 3], [4, 5]]
 
 
 def fed_job(source, epochs, seen):

@@ -5,11 +5,11 @@ several processes). The data set is the ids ``0..39`` themselves; a global batch
 an epoch reads 3 batches (a data epoch of 40 samples ends inside an epoch). SOURCE is ``numpy``
 (``jaxjob.data.IndexCursor``, shuffled), ``grain`` (a per-process Grain ``DataLoader`` over its
 ``ShardByJaxProcess`` shard, shuffled, repeated) or ``elastic`` (Grain's ``ElasticIterator``,
-``Stateful(shared=True)``). Each epoch its batches are made one global array (rows split over
-every device) that a jitted task folds into ``acc``; a host task appends ``{"epoch": e, "ids":
-[[...] per batch], "process": p, "count": P}`` (this process's rows) to ``LOG``. A killed epoch
-that runs again logs again: the last lines of an epoch are the ones the finished run kept.
-Prints ``RESULT {json}``.
+``Stateful(shared=True)``). Each epoch its batches are one global array (``add_data(sharding=)``:
+every process's rows, one device per process) that a jitted task folds into ``acc``; a host task
+appends ``{"epoch": e, "ids": [[...] per batch], "process": p, "count": P}`` (this process's
+rows) to ``LOG``. A killed epoch that runs again logs again: the last lines of an epoch are the
+ones the finished run kept. Prints ``RESULT {json}``.
 """
 
 import job_start  # first: no garbage collection while the job imports (see it)
@@ -66,17 +66,15 @@ def source():
 
 def log(ws):
     epoch = int(np.asarray(ws["jaxjob/epochs_done"].addressable_data(0))) + 1
-    ids = np.asarray(ws["batch"]).tolist()
+    ids = np.asarray(ws["batch"].addressable_data(0)).tolist()  # one device: this process's rows
     line = json.dumps({"epoch": epoch, "process": ME, "count": COUNT, "ids": ids}) + "\n"
     with open(LOG, "a") as f:  # one short O_APPEND write per line: processes do not interleave
         f.write(line)
-    rows = NamedSharding(MESH, P(None, "d"))
-    return {"global_batch": jax.make_array_from_process_local_data(rows, ws["batch"])}
 
 
 def fold(ws):
     weights = jnp.arange(1, STEPS + 1, dtype=jnp.float32)[:, None]  # in-batch order: free
-    return {"acc": ws["acc"] * 0.5 + jnp.sum(ws["global_batch"] * weights)}
+    return {"acc": ws["acc"] * 0.5 + jnp.sum(ws["batch"] * weights)}
 
 
 job = jaxjob.Job()
@@ -84,7 +82,7 @@ REPLICATED = NamedSharding(MESH, P())  # an unsharded init output would be one d
 job.init_group.add(
     lambda ws: {"acc": jax.lax.with_sharding_constraint(jnp.zeros(()), REPLICATED)}, name="acc"
 )
-job.add_data("batch", source(), steps=STEPS)
+job.add_data("batch", source(), steps=STEPS, sharding=NamedSharding(MESH, P(None, "d")))
 job.epoch_group.add(log, jit=False)
 job.epoch_group.add(fold)
 jaxjob.epoch_limiter(job, EPOCHS)

@@ -362,16 +362,28 @@ def init_task(source: Source, key: str) -> tuple[Callable[[Workspace], Mapping[s
 
 
 class Feed:
-    """The epoch group's host task of a source: the epoch's batches, and the state after them."""
+    """The epoch group's host task of a source: the epoch's batches, and the state after them.
 
-    def __init__(self, name: str, source: Source, key: str, steps: int | None) -> None:
+    With a ``sharding``, each leaf of the batches is made one global array of
+    every process's rows (``jax.make_array_from_process_local_data``).
+    """
+
+    def __init__(
+        self, name: str, source: Source, key: str, steps: int | None, sharding: Any = None
+    ) -> None:
         self.name, self.source, self.key, self.steps = name, source, key, steps
+        self.sharding = sharding
         self.__name__ = f"data:{name}"
 
     def __call__(self, ws: Workspace) -> dict[str, Any]:
         held = ws[self.key]
         state = np.asarray(held.addressable_data(0)) if isinstance(held, jax.Array) else held
         batch, state = self.source.next_batches(state, self.steps)
+        if self.sharding is not None:
+            batch = jax.tree.map(
+                lambda x: jax.make_array_from_process_local_data(self.sharding, np.asarray(x)),
+                batch,
+            )
         return {self.name: batch, self.key: _like(held, state)}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -96,7 +97,14 @@ class Job(Context):
             return list(self._nodes_to_checkpoint)
         return self.init_group.used_nodes()
 
-    def add_data(self, name: str, source: Any, *, steps: int | None = None) -> None:
+    def add_data(
+        self,
+        name: str,
+        source: Any,
+        *,
+        steps: int | None = None,
+        sharding: jax.sharding.Sharding | None = None,
+    ) -> None:
         """Feeds the epoch group ``ws[name]``, the epoch's batches, from a checkpointed source.
 
         Adds an init task creating the source's state, ``"jaxjob/data/<name>"``
@@ -116,9 +124,15 @@ class Job(Context):
                 a Grain ``DataLoader``), which is wrapped in ``Stateful``.
             steps: How many batches each epoch reads, stacked on a new leading
                 axis (for ``jax.lax.scan``); None reads one batch, unstacked.
+            sharding: If given, ``ws[name]``'s leaves are global ``jax.Array`` s
+                with this sharding, made of every process's rows
+                (``jax.make_array_from_process_local_data``; with ``steps``, it
+                covers the leading steps axis too, e.g. ``P(None, "batch")``).
+                None: this process's rows, as NumPy arrays.
 
         Raises:
-            TypeError: If ``source`` is not a data source.
+            TypeError: If ``source`` is not a data source, or ``sharding`` not a
+                ``jax.sharding.Sharding``.
             ValueError: If ``name`` is not a non-empty string or ``steps`` not
                 None or an int >= 1.
 
@@ -134,11 +148,16 @@ class Job(Context):
             raise ValueError(f"add_data: name must be a non-empty string, got {name!r}")
         if steps is not None and (not is_int(steps) or steps < 1):
             raise ValueError(f"add_data: steps must be None or an int >= 1, got {steps!r}")
+        if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
+            raise TypeError(
+                f"add_data: sharding must be a jax.sharding.Sharding or None, got {sharding!r}"
+            )
         source = data.as_source(source)
         key = data.STATE_PREFIX + name
         init, jitted = data.init_task(source, key)
         self.init_group.add(init, jit=jitted, name=f"data:{name}")
-        self.epoch_group.add(data.Feed(name, source, key, steps), jit=False, name=f"data:{name}")
+        feed = data.Feed(name, source, key, steps, sharding)
+        self.epoch_group.add(feed, jit=False, name=f"data:{name}")
         self.data_sources[name] = source
 
     def add_stop_condition(self, condition: StopCondition) -> None:
