@@ -394,10 +394,18 @@ def _like(held: Any, value: np.ndarray) -> Any:
     return jax.make_array_from_process_local_data(held.sharding, value, held.shape)
 
 
-def per_process_states(names: Iterable[str], sources: Mapping[str, Source]) -> list[str]:
-    """The names among ``names`` that hold a per-process data state (cannot be re-split)."""
-    keyed = {STATE_PREFIX + name: source for name, source in sources.items()}
-    return sorted(n for n in names if n in keyed and not is_global(keyed[n]))
+def per_process_states(paths: Iterable[str], sources: Mapping[str, Source]) -> list[str]:
+    """The state leaves of per-process sources (which cannot be re-split) among key ``paths``.
+
+    Example:
+        >>> import numpy as np
+        >>> sources = {"a": IndexCursor(np.arange(4), batch_size=2), "b": Stateful([[1]])}
+        >>> per_process_states(["['jaxjob/data/a']", "['jaxjob/data/b']", "['w']"], sources)
+        ['jaxjob/data/b']
+    """
+    paths = set(paths)
+    keys = (STATE_PREFIX + name for name, source in sources.items() if not is_global(source))
+    return sorted(key for key in keys if f"[{key!r}]" in paths)
 
 
 def warn_unsaved_iterators(tasks: Iterable[Any], warned: set[str]) -> None:

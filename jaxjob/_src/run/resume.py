@@ -264,8 +264,7 @@ def data_count_error(err: ProcessCountError, job: Job, epoch: int) -> ValueError
     split over another number of processes; index-based states are one value
     for the whole job and never get here.
     """
-    names = {path.strip("[]'\"") for path in err.leaves}
-    states = data.per_process_states(names, job.data_sources)
+    states = data.per_process_states(err.leaves, job.data_sources)
     if not states:
         return None
     return ValueError(

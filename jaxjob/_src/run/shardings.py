@@ -162,12 +162,10 @@ def movable(ws: Workspace) -> Workspace:
     """
     if jax.device_count() == 1:
         return ws
-    first = jax.local_devices()[0]
+    first = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
     def uncommitted(leaf: Any) -> Any:
-        if not isinstance(leaf, jax.Array) or leaf.sharding != jax.sharding.SingleDeviceSharding(
-            first
-        ):
+        if not isinstance(leaf, jax.Array) or leaf.sharding != first:
             return leaf
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             data = np.asarray(jax.random.key_data(leaf))
