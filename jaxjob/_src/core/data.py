@@ -68,7 +68,10 @@ class IndexCursor:
 
     Args:
         data: A NumPy array, or a pytree of them, whose leading axis indexes
-            the samples (the same length in every leaf).
+            the samples (the same length in every leaf). Each batch reads
+            only its rows (a ``np.memmap`` stays on disk); a ``jax.Array`` is
+            copied to the host once. Each data epoch's order is a permutation
+            of ``len`` indices held in memory (8 bytes a sample).
         batch_size: The global batch size, a multiple of the process count.
         shuffle_seed: The seed of the order, or None for index order.
 
@@ -93,7 +96,7 @@ class IndexCursor:
             raise TypeError(
                 f"IndexCursor: shuffle_seed must be an int or None, got {shuffle_seed!r}"
             )
-        self.data = data
+        self.data = jax.tree.map(np.asarray, data)  # a jax.Array: copied to the host once
         self.num_records = lengths.pop()
         self.batch_size = batch_size
         self.shuffle_seed = shuffle_seed
@@ -159,7 +162,7 @@ class IndexCursor:
         taken, cursor = self.indices(cursor, self.batch_size * (steps or 1))
         rows = taken.reshape(steps or 1, count, -1)[:, me].reshape(-1)
         shape = (steps, -1) if steps else (-1,)
-        batch = jax.tree.map(lambda a: np.asarray(a)[rows].reshape(*shape, *a.shape[1:]), self.data)
+        batch = jax.tree.map(lambda a: a[rows].reshape(*shape, *a.shape[1:]), self.data)
         return batch, cursor
 
 
