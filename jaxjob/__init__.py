@@ -13,7 +13,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-_SUBMODULES = ("distributed", "hosts", "keep", "testing")  # public modules
+_SUBMODULES = ("data", "distributed", "hosts", "keep", "testing")  # public modules
 _EXPORTS = {  # public name -> the module defining it
     "CheckpointManager": "jaxjob._src.manager.checkpoint_manager",
     "CheckpointInUseError": "jaxjob._src.base.errors",
@@ -47,6 +47,7 @@ _EXPORTS = {  # public name -> the module defining it
 __all__ = sorted([*_SUBMODULES, *_EXPORTS])
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; the same names as _EXPORTS
+    from jaxjob import data as data
     from jaxjob import distributed as distributed
     from jaxjob import hosts as hosts
     from jaxjob import keep as keep

@@ -66,6 +66,7 @@ from cloud_servers import (  # noqa: E402,F401  (session fixtures: real local ob
 # group per fixture parameter, e.g. the 1- and 2-process references of test_testing.py).
 _SHARED_RUNS = {
     "test_commands.py": "run_dir",
+    "test_exactly_once.py": "references",  # scenarios/: the uninterrupted runs, made on first use
     "test_digits_example.py": "one_process",
     "test_exactness.py": "reference",
     "test_multiprocess.py": "exchanges",
@@ -83,6 +84,7 @@ _LONG_MODULES = (
     "test_digits_example.py",
     "test_hosts.py",
     "test_multiprocess.py",
+    "test_exactly_once.py",
 )
 
 

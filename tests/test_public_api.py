@@ -33,6 +33,7 @@ PUBLIC = {
     "TaskGroup": "jaxjob._src.core.task",
     "UploadTaskGroupBuilder": "jaxjob._src.run.upload",
     "Workspace": "jaxjob._src.core.workspace",
+    "data": "jaxjob.data",
     "db_name": "jaxjob._src.checkpoint.layout",
     "distributed": "jaxjob.distributed",
     "epoch_limiter": "jaxjob._src.core.job",
@@ -45,6 +46,7 @@ PUBLIC = {
 # public module -> the module it re-exports, and its names
 REEXPORTS = {
     "jaxjob.cli": ("jaxjob._src.cli.main", ["main"]),
+    "jaxjob.data": ("jaxjob._src.core.data", ["IndexCursor", "Stateful"]),
     "jaxjob.distributed": ("jaxjob._src.multihost.distributed", ["initialize"]),
     "jaxjob.hosts": (
         "jaxjob._src.multihost.hosts",

@@ -6,8 +6,11 @@ import re
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import paths
 import pytest
+
+import jaxjob
 
 README = os.path.join(paths.ROOT, "README.md")
 
@@ -84,6 +87,40 @@ def test_plain_orbax_recipe_restores_a_checkpoint_without_jaxjob(tmp_path, owner
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert "PLAIN ORBAX OK" in proc.stdout
+
+
+def data_examples():
+    """The Python blocks of the README's Data section: the NumPy one, the Grain one."""
+    with open(README) as f:
+        text = f.read()
+    section = text[text.index("\n## Data\n") : text.index("\n## Mistakes jaxjob catches\n")]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def run_example(code, directory, epochs, monkeypatch):
+    """Runs a Data example in ``directory`` with its epoch limit set to ``epochs``."""
+    monkeypatch.chdir(directory)
+    namespace = {"__name__": "readme_data"}
+    code = code.replace("jaxjob.epoch_limiter(job, 5)", f"jaxjob.epoch_limiter(job, {epochs})")
+    exec(compile(code, "README Data", "exec"), namespace)
+    assert namespace["last_epoch"] == epochs
+    return namespace["session"].workspace
+
+
+@pytest.mark.parametrize("kind", ["numpy", "grain"])
+def test_readme_data_examples_resume_where_they_stopped(tmp_path, monkeypatch, kind):
+    """Each Data example, stopped after epoch 2 and run again to 5, ends as a run of 5 epochs."""
+    if kind == "grain":
+        pytest.importorskip("grain")
+    numpy_code, grain_code = data_examples()
+    code = numpy_code if kind == "numpy" else grain_code
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    reference = run_example(code, tmp_path / "a", 5, monkeypatch)
+    run_example(code, tmp_path / "b", 2, monkeypatch)
+    resumed = run_example(code, tmp_path / "b", 5, monkeypatch)
+    jaxjob.testing.assert_bitwise_equal(reference, resumed)
+    assert float(jnp.abs(resumed["params"]["w"] - 1.0).max()) < 0.05  # learns w = [1, 1, 1]
 
 
 PACKAGE = os.path.join(paths.ROOT, "jaxjob")

@@ -166,3 +166,36 @@ def test_saved_shardings_go_to_their_own_leaves_and_a_changed_mesh_is_traced(tmp
         "keys": "P('d',)",
     }
     assert changed["lowered"]["jit(init__init_counter)"] == 1  # traced for its shardings
+
+
+TWO_DEVICES = """
+import sys
+import jax, jax.numpy as jnp, numpy as np, jaxjob
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh((2,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+rows = NamedSharding(mesh, P("d"))
+job = jaxjob.Job()
+job.init_group.add(lambda ws: {"x": jax.lax.with_sharding_constraint(jnp.arange(4.0), rows)})
+job.init_group.add(lambda ws: {"seen": np.zeros(2)}, jit=False, name="host")  # splits init
+job.init_group.add(lambda ws: {"c": jnp.ones(())}, name="c")  # alone: one device, uncommitted
+job.epoch_group.add(lambda ws: {"x": ws["x"] + ws["c"], "c": ws["c"] * 2}, name="step")
+jaxjob.epoch_limiter(job, 2)
+ckpt = sys.argv[1]
+done = jaxjob.Session()
+jaxjob.JobRunner(job, jaxjob.CheckpointManager(ckpt)).train(done)
+again = jaxjob.Session()
+jaxjob.JobRunner(job, jaxjob.CheckpointManager(ckpt), resume_from_epoch=0).train(again)
+print("SAME", (done.workspace["x"] == again.workspace["x"]).all().item())
+"""
+
+
+def test_a_resume_from_epoch_0_on_two_devices_combines_init_outputs_as_a_fresh_run(tmp_path):
+    """Init's one-device output (uncommitted) meets a mesh array in the epoch's program: resumed
+    from epoch 0 it moves as in a fresh run (restored committed, it raised "incompatible
+    devices")."""
+    script = tmp_path / "job.py"
+    script.write_text(TWO_DEVICES)
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    output = jaxjob.testing.run([str(script), str(tmp_path / "ckpt")], env=env)
+    assert "SAME True" in output

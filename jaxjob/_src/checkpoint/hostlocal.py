@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HostMap",
+    "ProcessCountError",
     "as_saved",
     "decode",
     "dtype_of",
@@ -110,22 +111,42 @@ def encode(leaf: Any, spec: LeafSpec) -> jax.Array:
     )
 
 
-def row_for_this_process(host_map: HostMap | None, saved_count: int, where: str) -> int | None:
+class ProcessCountError(ValueError):
+    """Host-local leaves saved by another process count, and no ``host_map`` to restore them.
+
+    Attributes:
+        leaves: The key paths of the host-local leaves.
+        saved_count: The process count that saved them.
+        count: This job's process count.
+    """
+
+    def __init__(self, leaves: Sequence[str], saved_count: int, count: int) -> None:
+        super().__init__(
+            f"host-local leaves {list(leaves)} were saved by {saved_count} processes but this "
+            f"job has {count}; pass host_map (a callable or sequence giving, for each process of "
+            "this job, the saved process whose copy it gets), e.g. host_map=lambda p: 0"
+        )
+        self.leaves, self.saved_count, self.count = list(leaves), saved_count, count
+
+
+def row_for_this_process(
+    host_map: HostMap | None, saved_count: int, leaves: Sequence[str]
+) -> int | None:
     """Which saved process's copy this process restores; None means its own (same count).
 
+    Args:
+        host_map: The user's map, or None.
+        saved_count: The process count that saved the checkpoint.
+        leaves: The key paths of the host-local leaves restored (for the error).
+
     Raises:
-        ValueError: If the process count changed and ``host_map`` is None, or
-            ``host_map`` gives a row outside the saved processes.
+        ProcessCountError: If the process count changed and ``host_map`` is None.
+        ValueError: If ``host_map`` gives a row outside the saved processes.
     """
     me = jax.process_index()
     if host_map is None:
         if saved_count != jax.process_count():
-            raise ValueError(
-                f"host-local leaves {where} were saved by {saved_count} processes but this job "
-                f"has {jax.process_count()}; pass host_map (a callable or sequence giving, for "
-                "each process of this job, the saved process whose copy it gets), e.g. "
-                "host_map=lambda p: 0"
-            )
+            raise ProcessCountError(leaves, saved_count, jax.process_count())
         return None
     row = host_map(me) if callable(host_map) else host_map[me]
     if not is_int(row, int | np.integer) or not 0 <= row < saved_count:

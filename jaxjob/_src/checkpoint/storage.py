@@ -247,7 +247,7 @@ def _rows(manifest: Manifest, specs: Iterable[codec.LeafSpec], host_map: hostloc
     local = [spec.path for spec in specs if spec.host_local]
     if not local:
         return codec.Rows(manifest.process_count)
-    row = hostlocal.row_for_this_process(host_map, manifest.process_count, str(local))
+    row = hostlocal.row_for_this_process(host_map, manifest.process_count, local)
     return codec.Rows(manifest.process_count, row)
 
 

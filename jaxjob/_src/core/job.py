@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxjob._src.base.checks import is_int
+from jaxjob._src.core import data
 from jaxjob._src.core.task import Context, TaskGroup
 from jaxjob._src.core.workspace import Workspace
 
@@ -66,6 +68,7 @@ class Job(Context):
             self.add_stop_condition(condition)
         self._nodes_to_checkpoint = list(nodes_to_checkpoint) if nodes_to_checkpoint else None
         self._epoch_counter = False
+        self.data_sources: dict[str, data.Source] = {}
 
     def __enter__(self) -> Job:
         super().__enter__()
@@ -93,6 +96,69 @@ class Job(Context):
         if self._nodes_to_checkpoint:
             return list(self._nodes_to_checkpoint)
         return self.init_group.used_nodes()
+
+    def add_data(
+        self,
+        name: str,
+        source: Any,
+        *,
+        steps: int | None = None,
+        sharding: jax.sharding.Sharding | None = None,
+    ) -> None:
+        """Feeds the epoch group ``ws[name]``, the epoch's batches, from a checkpointed source.
+
+        Adds an init task creating the source's state, ``"jaxjob/data/<name>"``
+        (persistent: saved with every checkpoint), and a host task to the epoch
+        group, at this point of its tasks (add it before the tasks that read
+        the batches), that sets ``ws[name]`` and the state after them. After a
+        resume the source continues from the state of the checkpoint resumed
+        from, so the resumed job reads the samples an uninterrupted one
+        would. On another process count an index-based state is split over
+        the new processes; a per-process one raises (see :mod:`jaxjob.data`).
+
+        Args:
+            name: The workspace name of the batches (an output of each epoch).
+            source: A :class:`jaxjob.data.IndexCursor` (NumPy arrays), a
+                :class:`jaxjob.data.Stateful`, or a loader with
+                ``get_state()``/``set_state()`` (or whose iterator has them:
+                a Grain ``DataLoader``), which is wrapped in ``Stateful``.
+            steps: How many batches each epoch reads, stacked on a new leading
+                axis (for ``jax.lax.scan``); None reads one batch, unstacked.
+            sharding: If given, ``ws[name]``'s leaves are global ``jax.Array`` s
+                with this sharding, made of every process's rows
+                (``jax.make_array_from_process_local_data``; with ``steps``, it
+                covers the leading steps axis too, e.g. ``P(None, "batch")``).
+                None: this process's rows, as NumPy arrays.
+
+        Raises:
+            TypeError: If ``source`` is not a data source, or ``sharding`` not a
+                ``jax.sharding.Sharding``.
+            ValueError: If ``name`` is not a non-empty string or ``steps`` not
+                None or an int >= 1.
+
+        Example:
+            >>> import numpy as np, jaxjob
+            >>> job = jaxjob.Job()
+            >>> source = jaxjob.data.IndexCursor(np.arange(10.0), batch_size=4, shuffle_seed=0)
+            >>> job.add_data("batch", source, steps=2)  # ws["batch"]: shape (2, 4)
+            >>> [t.name for t in job.init_group.tasks], [t.name for t in job.epoch_group.tasks]
+            (['data:batch'], ['data:batch'])
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"add_data: name must be a non-empty string, got {name!r}")
+        if steps is not None and (not is_int(steps) or steps < 1):
+            raise ValueError(f"add_data: steps must be None or an int >= 1, got {steps!r}")
+        if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
+            raise TypeError(
+                f"add_data: sharding must be a jax.sharding.Sharding or None, got {sharding!r}"
+            )
+        source = data.as_source(source)
+        key = data.STATE_PREFIX + name
+        init, jitted = data.init_task(source, key)
+        self.init_group.add(init, jit=jitted, name=f"data:{name}")
+        feed = data.Feed(name, source, key, steps, sharding)
+        self.epoch_group.add(feed, jit=False, name=f"data:{name}")
+        self.data_sources[name] = source
 
     def add_stop_condition(self, condition: StopCondition) -> None:
         """Adds a condition checked after every epoch; the loop stops when any holds.

@@ -21,7 +21,8 @@ import jax.extend
 
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import keypaths
-from jaxjob._src.core import checks
+from jaxjob._src.checkpoint.hostlocal import ProcessCountError
+from jaxjob._src.core import checks, data
 from jaxjob._src.core.job import Job
 from jaxjob._src.core.session import Program, Session
 from jaxjob._src.manager.shared import Manager
@@ -29,7 +30,14 @@ from jaxjob._src.multihost import hosts
 from jaxjob._src.run import shardings
 from jaxjob._src.run.agreement import any_process
 
-__all__ = ["LocalChoice", "local_choice", "loaded_nodes", "restore_targets", "resume_epoch"]
+__all__ = [
+    "LocalChoice",
+    "data_count_error",
+    "local_choice",
+    "loaded_nodes",
+    "restore_targets",
+    "resume_epoch",
+]
 
 logger = get_logger(__name__)
 
@@ -247,3 +255,26 @@ def loaded_nodes(manager: Manager) -> set[str] | None:
         return None
     me = jax.process_index()
     return {name for name, m in managers if getattr(m, "owner_process", None) in (None, me)}
+
+
+def data_count_error(err: ProcessCountError, job: Job, epoch: int) -> ValueError | None:
+    """The error for per-process data states resumed on another process count; None if none is.
+
+    A per-process loader's position (:class:`jaxjob.data.Stateful`) cannot be
+    split over another number of processes; index-based states are one value
+    for the whole job and never get here.
+    """
+    states = data.per_process_states(err.leaves, job.data_sources)
+    if not states:
+        return None
+    return ValueError(
+        f"cannot resume the data of epoch {epoch}: the per-process loader states {states} "
+        f"(jaxjob.data.Stateful) were saved by {err.saved_count} processes but this job has "
+        f"{err.count}, and a per-process loader's position cannot be split over another "
+        f"process count. Resume on {err.saved_count} processes; or feed the job from an "
+        "index-based source, whose one global cursor is split over any process count "
+        "(jaxjob.data.IndexCursor, or jaxjob.data.Stateful(loader, shared=True) over Grain's "
+        "ElasticIterator); or, for a loader that accepts another process's state, pass "
+        "CheckpointManager(..., host_map=...) to choose the saved state each process continues "
+        "from (samples may then be read twice or not at all)"
+    )

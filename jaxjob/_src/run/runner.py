@@ -16,8 +16,9 @@ from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.preemption import SignalWatch, check_signals
 from jaxjob._src.checkpoint.codec import UnstorableLeafError
+from jaxjob._src.checkpoint.hostlocal import ProcessCountError
 from jaxjob._src.checkpoint.layout import db_name
-from jaxjob._src.core import checks
+from jaxjob._src.core import checks, data
 from jaxjob._src.core.job import Job
 from jaxjob._src.core.session import Session
 from jaxjob._src.core.task import DEFAULT_NODE
@@ -30,7 +31,7 @@ from jaxjob._src.run.auto_interval import AutoInterval, save_policy
 from jaxjob._src.run.history import HistoryFile, NoHistory
 from jaxjob._src.run.interval import SaveClock, SaveInterval
 from jaxjob._src.run.progress import Progress, check_names
-from jaxjob._src.run.resume import local_choice, restore_targets, resume_epoch
+from jaxjob._src.run.resume import data_count_error, local_choice, restore_targets, resume_epoch
 from jaxjob._src.run.save_failures import SAVE_ERROR_POLICIES, SaveFailures
 from jaxjob._src.run.upload import UploadTaskGroupBuilder
 from jaxjob._src.run.writers import MetricWriter, MultiWriter, check_writers
@@ -221,6 +222,7 @@ class JobRunner:
                 more Ctrl-Cs are logged and ignored.
         """
         self._warned = set()
+        data.warn_unsaved_iterators(self.job.epoch_group.tasks, self._warned)
         self._progress = Progress(
             self.progress,
             self.history,
@@ -419,7 +421,10 @@ class JobRunner:
 
     def _load(self, session: Session, source: Manager, epoch: int) -> None:
         targets, self._deferred_shardings = restore_targets(self.job, session, source, epoch)
-        session.workspace = source.load(epoch, targets=targets)
+        try:
+            session.workspace = shardings.movable(source.load(epoch, targets=targets))
+        except ProcessCountError as err:
+            raise data_count_error(err, self.job, epoch) or err from None
         session.traced_names = set(targets)
 
     def _run_epoch(self, epoch: int, session: Session, watch: SignalWatch) -> Boundary:

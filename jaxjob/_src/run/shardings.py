@@ -22,13 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.core.session import Program, Session
 from jaxjob._src.core.task import TaskGroup
 from jaxjob._src.core.workspace import Workspace
 
-__all__ = ["epoch_shardings", "moved", "run_epoch_group", "traced_shardings"]
+__all__ = ["epoch_shardings", "movable", "moved", "run_epoch_group", "traced_shardings"]
 
 logger = get_logger(__name__)
 
@@ -147,3 +148,28 @@ def moved(leaf: Any, target: Any) -> Any:
     if not isinstance(leaf, jax.Array) or sharding is None or leaf.sharding == sharding:
         return leaf
     return jax.device_put(leaf, sharding)
+
+
+def movable(ws: Workspace) -> Workspace:
+    """``ws`` restored, with its arrays on this process's first device alone made uncommitted.
+
+    A jitted init task's output that no sharding pins (a counter, a PRNG key)
+    is an uncommitted array on the default device: a program may combine it
+    with arrays on a mesh, and JAX moves it there. Restored, it would be
+    committed to that device, and the same program, resumed from an epoch
+    whose state still holds it (epoch 0), would fail with "incompatible
+    devices". On a single device nothing changes: it is returned as it is.
+    """
+    if jax.device_count() == 1:
+        return ws
+    first = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def uncommitted(leaf: Any) -> Any:
+        if not isinstance(leaf, jax.Array) or leaf.sharding != first:
+            return leaf
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            data = np.asarray(jax.random.key_data(leaf))
+            return jax.random.wrap_key_data(jax.device_put(data), impl=jax.random.key_impl(leaf))
+        return jax.device_put(np.asarray(leaf))
+
+    return Workspace(jax.tree.map(uncommitted, dict(ws)))
