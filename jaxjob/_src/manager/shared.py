@@ -162,6 +162,9 @@ class Manager(Protocol):
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
         """The epoch to resume from, or None for a fresh start."""
 
+    def node_names(self) -> list[str]:
+        """The nodes whose checkpoints (and locks) the manager handles; after ``init``."""
+
     def init(
         self,
         nodes: Sequence[str],

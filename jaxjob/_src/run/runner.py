@@ -113,7 +113,7 @@ class JobRunner:
             ``"save_failed"`` (the failed epochs; the progress line shows
             ``save FAILED``). With a checkpoint manager it survives a
             restart: process 0 writes each record to
-            ``<db_prefix>/jaxjob_history.jsonl`` (before the epoch's save
+            ``<db_prefix>/.jaxjob/history/<node>.jsonl`` (before the epoch's save
             can commit), and ``train`` resuming from epoch ``k`` starts it
             with the records of epochs ``1..k`` (the resumed epoch's lacks
             its times if the run died right after that save). Without one,
@@ -230,7 +230,7 @@ class JobRunner:
             display=jax.process_index() == 0,
         )
         self._writers = MultiWriter(self.writers if jax.process_index() == 0 else ())
-        self._store = self._history_store()
+        self._store = NoHistory()  # a HistoryFile once the manager holds its locks
         mesh = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
         try:
             with mesh:
@@ -240,12 +240,14 @@ class JobRunner:
             raise err.with_traceback(None) from None  # not jaxjob's and Orbax's frames
         finally:
             self._progress.close()
+            self._store.close()
             self._writers.close()
 
-    def _history_store(self) -> HistoryFile | NoHistory:
-        if self.checkpoint_manager is None:
-            return NoHistory()
-        return HistoryFile(self.checkpoint_manager.db_prefix, timeout_s=self._timeout_s())
+    def _rebuild_history(self, manager: Manager, epoch: int | None) -> None:
+        """Rebuilds ``history`` from the manager's history file, once it holds its locks."""
+        nodes = manager.node_names()
+        self._store = HistoryFile(manager.db_prefix, nodes, timeout_s=self._timeout_s())
+        self.history[:] = self._store.rebuild(epoch)
 
     def _train(self, session: Session) -> int:
         watch = SignalWatch(self.preemption_signals if self._watching else ())
@@ -298,16 +300,16 @@ class JobRunner:
         manager = self.checkpoint_manager
         self._local = self._local_schedule(manager)
         if resume is None:
-            self.history[:] = self._store.rebuild(None)
+            self.history[:] = []
             session.run(self.job.init_group)
             self._clock = SaveClock(0)  # an auto interval counts from epoch 0's save start
             if manager is not None:
                 manager.init(self._nodes(), key_nodes=session.key_nodes)
+                self._rebuild_history(manager, None)
                 self._forget_local(manager, None)
                 saving = time.perf_counter()
                 self.save_checkpoints(0, session)
                 self._saved(time.perf_counter() - saving, provisional=True)
-                self._store.saved(None)
                 if not isinstance(self.save_interval, AutoInterval):
                     self._clock = SaveClock(0)  # save_every_seconds: from after that save
             return 0, False
@@ -315,7 +317,7 @@ class JobRunner:
             raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
         manager.init(self._nodes(), retrieve_from_epoch=resume)
         tier, epoch = self._restore(session, manager, resume)
-        self.history[:] = self._store.rebuild(epoch)
+        self._rebuild_history(manager, epoch)
         source = manager.tier_manager(tier) if tier == LOCAL else manager
         if self._local is not None:
             self._local = (self._local[0], SaveClock(epoch))

@@ -109,10 +109,11 @@ def check_writers(writers: Any) -> tuple[MetricWriter, ...]:
 class MultiWriter:
     """Sends every call to each of ``writers`` in turn; with none, does nothing.
 
-    An ``OSError`` of one writer (a full disk, an unreachable bucket) is
-    logged as a warning and the others still get the record: metrics never
-    stop training. A writer whose ``resume`` failed gets nothing more until
-    the next ``resume``. Other exceptions propagate.
+    An ``OSError`` or ``ValueError`` of one writer (a full disk, an
+    unreachable bucket, a file that is not UTF-8) is logged as a warning and
+    the others still get the record: metrics never stop training. A writer
+    whose ``resume`` failed gets nothing more until the next ``resume``. Other
+    exceptions propagate.
 
     Example:
         >>> writer = MultiWriter([])
@@ -141,7 +142,7 @@ class MultiWriter:
     def _call(self, writer: MetricWriter, method: str, *args: Any) -> bool:
         try:
             getattr(writer, method)(*args)
-        except OSError as err:
+        except (OSError, ValueError) as err:  # ValueError: a file not UTF-8, not JSON
             logger.warning("Metric writer %r failed in %s: %s", writer, method, err)
             return False
         return True
