@@ -72,10 +72,10 @@ def test_training_eight_epochs_leaves_what_the_policy_keeps(tmp_path, policy, ex
     ckpt.close()
     assert ckpt.committed_epochs() == expected
     assert sorted(os.listdir(tmp_path)) == sorted(
-        [f"local.{e}" for e in expected]
-        + ["jaxjob_history.jsonl", "jaxjob_metadata.jsonl", ".jaxjob"]
+        [f"local.{e}" for e in expected] + ["jaxjob_metadata.jsonl", ".jaxjob"]
     )
-    assert os.listdir(tmp_path / ".jaxjob") == ["run.json"]  # the run id; the lock is gone
+    # the run id and the history; the lock is gone
+    assert sorted(os.listdir(tmp_path / ".jaxjob")) == ["history", "run.json"]
 
 
 def test_best_ranking_survives_a_restart(tmp_path):
@@ -170,7 +170,7 @@ def test_killed_during_deletion_resumes_exactly_and_finishes_retention(tmp_path)
     assert "Attempted to create temporary directory" not in proc.stderr
     assert ckpt.committed_epochs() == [7, 8]
     assert sorted(os.listdir(tmp_path / "ckpt")) == [
-        ".jaxjob", "jaxjob_history.jsonl", "jaxjob_metadata.jsonl", "local.7", "local.8",
+        ".jaxjob", "jaxjob_metadata.jsonl", "local.7", "local.8",
     ]  # fmt: skip
-    assert os.listdir(tmp_path / "ckpt" / ".jaxjob") == ["run.json"]
+    assert sorted(os.listdir(tmp_path / "ckpt" / ".jaxjob")) == ["history", "run.json"]
     _same_workspace(tmp_path / "ref.npz", tmp_path / "out.npz")

@@ -61,8 +61,8 @@ def _launch(tmp_path, epochs):
 
 
 def _checkpoint_dirs(prefix):
-    """The directories under ``prefix`` but the run id's (which must hold only that, no lock)."""
-    assert os.listdir(prefix / ".jaxjob") == ["run.json"]
+    """The directories under ``prefix`` but ``.jaxjob`` (the run id and the history, no lock)."""
+    assert sorted(os.listdir(prefix / ".jaxjob")) == ["history", "run.json"]
     return sorted(p.name for p in prefix.iterdir() if p.is_dir() and p.name != ".jaxjob")
 
 
