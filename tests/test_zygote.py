@@ -76,6 +76,31 @@ def test_a_changed_environment_of_this_process_gets_a_zygote_of_its_own(tmp_path
     assert not probe(tmp_path, "-c", JAXJOB_TEST_ZYGOTE="0")["preloaded"]
 
 
+@pytest.mark.parametrize("configure_first", [True, False])
+def test_logging_is_configured_as_in_a_fresh_interpreter(configure_first):
+    """Orbax's import gives the root logger a handler only if the program has not configured
+    logging before importing it, in a forked child as in a fresh one."""
+    code = (
+        "import logging\n"
+        + ("logging.basicConfig(level=logging.INFO)\n" if configure_first else "")
+        + "print(len(logging.root.handlers), logging.root.level)\n"
+        + "import orbax.checkpoint\n"
+        + "print(len(logging.root.handlers), logging.root.level)\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, **env},
+        ).stdout
+        for env in ({}, {"JAXJOB_TEST_ZYGOTE": "0"})
+    ]
+    assert runs[0] == runs[1]
+    assert runs[0].split("\n")[1] == ("1 20" if configure_first else "1 30")
+
+
 def test_exit_status_traceback_and_sigkill_are_a_processs_own():
     """Exit codes, an uncaught exception's traceback and SIGKILL reach the Popen as usual."""
     assert subprocess.run([sys.executable, "-c", "raise SystemExit(3)"]).returncode == 3

@@ -67,8 +67,16 @@ def _prctl(option: int, value: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _preload() -> None:
+def _preload() -> list:
+    """Imports what every job imports; returns the root logging handlers those imports added.
+
+    Orbax's import logs through absl, which gives the root logger a handler when it has none
+    (``logging.basicConfig()``): see :func:`_replay_orbax_logging`.
+    """
     import gc
+    import logging
+
+    before = list(logging.root.handlers)
 
     import chex  # noqa: F401
     import jax
@@ -81,6 +89,30 @@ def _preload() -> None:
     if jax._src.xla_bridge._backends:  # a backend's threads would not survive the fork
         raise RuntimeError("the zygote must not start a JAX backend")
     gc.freeze()  # the children's collections skip what the imports made
+    return [h for h in logging.root.handlers if h not in before]
+
+
+def _replay_orbax_logging(added: list) -> None:
+    """Undoes the root handlers that the zygote's Orbax import added, and adds them back as a
+    fresh interpreter would: when the program first imports Orbax, if the root logger has no
+    handler by then (a program that configures logging first keeps its own configuration)."""
+    import builtins
+    import logging
+
+    if not added:
+        return
+    for handler in added:
+        logging.root.removeHandler(handler)
+    original = builtins.__import__
+
+    def importing(name, *args, **kwargs):
+        if name == "orbax" or name.startswith("orbax."):
+            builtins.__import__ = original
+            if not logging.root.handlers:
+                logging.basicConfig()
+        return original(name, *args, **kwargs)
+
+    builtins.__import__ = importing
 
 
 def _serve(sock: socket.socket) -> list[str]:
@@ -179,9 +211,11 @@ def _run(argv: list[str]) -> None:
 def _zygote_main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     _prctl(_PR_SET_PDEATHSIG, 9)  # the zygote ends with its pytest process
-    _preload()
+    added = _preload()
     sock.send(b"ready")
-    _run(_serve(sock))  # _serve returns in a forked program's process only
+    argv = _serve(sock)  # returns in a forked program's process only
+    _replay_orbax_logging(added)
+    _run(argv)
 
 
 # --------------------------------------------------------------------------------------------

@@ -84,6 +84,21 @@ def _fail_background_write_once(monkeypatch):
     _inject_background_failure(monkeypatch, 1, "injected: disk full")
 
 
+def test_a_background_failure_found_with_a_save_that_cannot_start_is_reported_too(
+    tmp_path, monkeypatch
+):
+    """Epoch 1's write fails in the background and epoch 2's save fails as it starts: the
+    round that finds both reports both, in order (one was lost under load on a full disk)."""
+    from jaxjob._src.base import faults
+
+    faults.reset()
+    monkeypatch.setenv(faults.FAIL_AT_ENV, "save.commit:2,save.copy:3")
+    runner = jaxjob.JobRunner(_counting_job(4), jaxjob.CheckpointManager(str(tmp_path)))
+    assert runner.train(jaxjob.Session()) == 4
+    assert [e.epoch for e in runner.save_errors] == [1, 2]
+    assert runner.checkpoint_manager.committed_epochs() == [0, 3, 4]
+
+
 def test_async_failure_is_warned_recorded_and_reported(tmp_path, monkeypatch, caplog):
     """Under "warn" a background failure surfaces at the next save: logged, counted, reported."""
     handler = jaxjob.DiskMetadataHandler()

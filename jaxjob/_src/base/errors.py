@@ -37,6 +37,23 @@ class CheckpointSaveError(RuntimeError):
         self.db_name = db
 
 
+def with_earlier(err: BaseException, earlier: CheckpointSaveError | None) -> BaseException:
+    """``err`` (this save's problem) carrying ``earlier``, a previous save's failure found with it.
+
+    A save round can find both at once: the previous save failed in the background and this
+    one cannot start. Only one exception is raised; its handler reports the earlier failure
+    first (:func:`earlier_failure`), so that no failed epoch goes unreported.
+    """
+    if earlier is not None and earlier is not err:
+        err.earlier_failure = earlier  # type: ignore[attr-defined]
+    return err
+
+
+def earlier_failure(err: BaseException) -> CheckpointSaveError | None:
+    """The previous save's failure that ``err`` carries (see :func:`with_earlier`), or None."""
+    return getattr(err, "earlier_failure", None)
+
+
 def as_save_error(
     epoch: int, where: str, err: BaseException | str, processes: list[int] | None = None
 ) -> CheckpointSaveError:

@@ -3,7 +3,8 @@
 Code that writes checkpoints calls :func:`point` at the moments that matter
 for crash safety. Nothing happens unless the environment variable
 ``JAXJOB_KILL_AT`` names that point (``"<name>"`` or ``"<name>:<n>"``, the
-``n``-th time it is reached, counting from 1); then the process kills itself
+``n``-th time it is reached, counting from 1; several, comma-separated, name
+several moments); then the process kills itself
 with SIGKILL, exactly as a lost node would die. :mod:`jaxjob.testing` sets it
 in the child processes it starts. ``JAXJOB_FAIL_AT`` (same form) makes that
 point raise ``OSError(EIO)`` instead, as a failing disk would.
@@ -43,11 +44,11 @@ def _now(env: str, name: str) -> bool:
     wanted = os.environ.get(env)
     if not wanted:
         return False
-    target, _, count = wanted.partition(":")
-    if target != name:
+    counts = [c for t, _, c in (w.partition(":") for w in wanted.split(",")) if t == name]
+    if not counts:
         return False
     _reached[env, name] += 1
-    return _reached[env, name] == int(count or 1)
+    return _reached[env, name] in {int(c or 1) for c in counts}
 
 
 def point(name: str) -> None:

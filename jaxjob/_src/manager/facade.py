@@ -22,6 +22,7 @@ from jaxjob._src.base.errors import (
     CheckpointSaveError,
     CorruptCheckpointError,
     as_save_error,
+    with_earlier,
 )
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import verify
@@ -273,7 +274,7 @@ class ManagerCore:
         pending = [w.pending_epoch() for w in writers if w.has_pending()]
         self._retain(writing=pending[0] if pending else epoch)  # in flight, or others write it
         if outcome.current is not None:
-            raise outcome.current
+            raise with_earlier(outcome.current, outcome.previous)
         if outcome.previous is not None:
             raise outcome.previous
 

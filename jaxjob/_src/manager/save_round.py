@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
+from jaxjob._src.base.errors import CheckpointSaveError, as_save_error, earlier_failure
 from jaxjob._src.manager.records import ProcessStats, SavePost
 from jaxjob._src.manager.writer import NodeWriter, SavePlan
 from jaxjob._src.multihost import hosts
@@ -175,11 +175,13 @@ def _start(own: Sequence[NodeWriter], plans: Mapping[str, SavePlan], current):
         try:
             writer.start(plan, cancel=current is not None)
         except CheckpointSaveError as err:
+            previous = previous or earlier_failure(err)
             if err.epoch != plan.epoch:
                 previous = previous or err
             else:
                 current = current or err
         except Exception as err:  # this process's own problem, raised as it is
+            previous = previous or earlier_failure(err)
             current = current or err
     return previous, current
 

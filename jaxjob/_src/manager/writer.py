@@ -23,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxjob._src.base import fs, memory, preemption
-from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
+from jaxjob._src.base.errors import CheckpointSaveError, as_save_error, with_earlier
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import manifest, run_identity, storage
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
@@ -253,7 +253,9 @@ class NodeWriter:
         """Starts the agreed save, or gives it up if ``plan.problem`` (or ``cancel``) says so.
 
         Raises:
-            The problem, else (after starting) the previous save's failure.
+            The problem (carrying the previous save's failure, if any: see
+            :func:`~jaxjob._src.base.errors.with_earlier`), else (after starting) the
+            previous save's failure.
         """
         problem = plan.problem
         if problem is None and not cancel:
@@ -265,7 +267,7 @@ class NodeWriter:
             if problem is not None:
                 self.record_failure(plan.epoch, plan.path, problem)
         if problem is not None:
-            raise problem
+            raise with_earlier(problem, plan.previous)
         if plan.previous is not None:
             raise plan.previous
 

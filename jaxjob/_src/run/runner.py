@@ -12,7 +12,7 @@ import jax
 
 from jaxjob._src.base import faults
 from jaxjob._src.base.checks import is_int
-from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
+from jaxjob._src.base.errors import CheckpointSaveError, as_save_error, earlier_failure
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.preemption import SignalWatch, check_signals
 from jaxjob._src.checkpoint.codec import UnstorableLeafError
@@ -562,6 +562,8 @@ class JobRunner:
         except (hosts.HostTimeoutError, UnstorableLeafError):
             raise  # the job cannot go on without the other process; no save of it can succeed
         except Exception as err:
+            if earlier_failure(err) is not None:  # the previous save's, found in the same round
+                self._on_save_failure(earlier_failure(err))
             if not isinstance(err, CheckpointSaveError) or err.epoch == epoch:
                 where = db_name(epoch, self._nodes()[0], manager.db_prefix)
                 self._on_save_failure(as_save_error(epoch, where, err))
@@ -580,11 +582,10 @@ class JobRunner:
             manager.save_local(epoch, session.workspace, outputs=outputs)
         except (hosts.HostTimeoutError, UnstorableLeafError):
             raise
-        except CheckpointSaveError as err:
-            self._failures.local([err], manager)
         except Exception as err:
             where = manager.tier_manager(LOCAL).db_prefix
-            self._failures.local([as_save_error(epoch, where, err)], manager)
+            earlier = [earlier_failure(err)] if earlier_failure(err) is not None else []
+            self._failures.local([*earlier, as_save_error(epoch, where, err)], manager)
         self._failures.metadata(manager)  # a persistent epoch's record written meanwhile
 
     def _on_save_failure(self, err: CheckpointSaveError) -> None:
