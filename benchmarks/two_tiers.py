@@ -1,6 +1,6 @@
 """Two tiers (jaxjob.LocalTier): what a local copy costs, and the work it saves on a kill.
 
-    python benchmarks/two_tiers.py [--mib 1024] [--rounds 3] [--quick]
+    python benchmarks/two_tiers.py [--mib 1024] [--rounds 3] [--reads 3] [--quick]
 
 Every figure is a ratio to a reference measured in the same run, on this machine:
 
@@ -9,7 +9,10 @@ Every figure is a ratio to a reference measured in the same run, on this machine
   training thread's blocked part of it against the commit; and the same for a persistent save to
   local disk (the blocked part of each);
 * a resume from the local copy (``restore`` of the whole workspace) against a raw read of the
-  same bytes from the RAM disk;
+  same bytes from the RAM disk (``--reads`` of each per round, alternating), in wall time and
+  in this process's CPU time (user + system: on a machine that other work keeps busy, the
+  restore's several threads get a larger share of the cores than the raw read's one); the
+  minor page faults of each are printed too;
 * the digits example's epoch time with no checkpoint, saving to the local tier every epoch,
   and saving to the persistent tier every epoch (``examples/digits.py``, fresh processes);
 * the work a kill at a random moment loses (epochs run again), with a local copy every epoch
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -43,7 +47,7 @@ SHM = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 def _raw(arrays, root):
-    """write+fsync and read of ``arrays`` as plain files under ``root``."""
+    """write+fsync of ``arrays`` as plain files under ``root``: (its seconds, a read of them)."""
     os.makedirs(root)
 
     def write():
@@ -59,22 +63,41 @@ def _raw(arrays, root):
     def read():
         return {n: np.fromfile(os.path.join(root, n), np.float32) for n in arrays}
 
-    written = timed(write)[0]
-    return written, timed(read)[0]
+    return timed(write)[0], read
 
 
-def _saves(mib, rounds):
+def _costed(fn, *args):
+    """(seconds, {"cpu_s", "faults"} of this process, result) of one call (minor page faults)."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    seconds, result = timed(fn, *args)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return seconds, {"cpu_s": cpu, "faults": after.ru_minflt - before.ru_minflt}, result
+
+
+def _reads(read, local, reads, rows, costs):
+    """``reads`` times: a raw read, then a restore of the local copy (alternating)."""
+    for _ in range(reads):
+        for name, call in (("raw_read", read), ("local_restore", lambda: jaxjob.restore(local))):
+            seconds, cost, result = _costed(call)
+            rows[name].append(seconds)
+            for key, value in cost.items():
+                costs[f"{name}_{key}"].append(value)
+            del result
+
+
+def _saves(mib, rounds, reads):
     arrays = workspace_arrays(4, mib * 2**20 // 4)
     ws = {"params": {k: jnp.asarray(v) for k, v in arrays.items()}}
     rows = {k: [] for k in ("raw_write", "raw_read", "local_commit", "local_blocked")}
     rows.update(persistent_commit=[], persistent_blocked=[], local_restore=[])
+    costs = {f"{r}_{c}": [] for r in ("raw_read", "local_restore") for c in ("cpu_s", "faults")}
     for r in range(rounds):
         shm = tempfile.mkdtemp(dir=SHM, prefix="jaxjob-bench-")
         disk = tempfile.mkdtemp(prefix="jaxjob-bench-")
         try:
             written, read = _raw(arrays, os.path.join(shm, "raw"))
             rows["raw_write"].append(written)
-            rows["raw_read"].append(read)
             ckpt = jaxjob.CheckpointManager(
                 os.path.join(disk, "ckpt"), local=jaxjob.LocalTier(os.path.join(shm, "local"))
             )
@@ -89,14 +112,12 @@ def _saves(mib, rounds):
             ckpt.finish_local_tier()
             rows["local_commit"].append(time.perf_counter() - start)
             ckpt.close()
-            seconds, restored = timed(jaxjob.restore, os.path.join(shm, "local"))
-            rows["local_restore"].append(seconds)
-            del restored
+            _reads(read, os.path.join(shm, "local"), reads, rows, costs)
         finally:
             shutil.rmtree(shm, ignore_errors=True)
             shutil.rmtree(disk, ignore_errors=True)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in rows.items()))
-    return {k: summary(v) for k, v in rows.items()}
+    return {k: summary(v) for k, v in rows.items()}, {k: summary(v) for k, v in costs.items()}
 
 
 def _digits_epoch_s(mode, root, epochs):
@@ -197,6 +218,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024, help="workspace MiB (default 1024)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--reads", type=int, default=3, help="raw reads and restores per round, alternating"
+    )
     parser.add_argument("--quick", action="store_true", help="128 MiB, 1 round, short runs")
     parser.add_argument("--timeline-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -204,7 +228,7 @@ def main():
         _timeline_child(args.timeline_child)
         return
     mib, rounds = (128, 1) if args.quick else (args.mib, args.rounds)
-    saves = _saves(mib, rounds)
+    saves, reads = _saves(mib, rounds, args.reads)
     digits = _digits(rounds, 6 if args.quick else 12)
     lost = _work_lost(min(mib, 64), rounds, 2000)
     med = {k: v["median"] for k, v in saves.items()}
@@ -213,14 +237,17 @@ def main():
         "local_blocked_over_local_commit": med["local_blocked"] / med["local_commit"],
         "local_blocked_over_persistent_blocked": med["local_blocked"] / med["persistent_blocked"],
         "local_restore_over_raw_read": med["local_restore"] / med["raw_read"],
+        "local_restore_cpu_over_raw_read_cpu": reads["local_restore_cpu_s"]["median"]
+        / reads["raw_read_cpu_s"]["median"],
         "digits_epoch_local_over_none": digits["local"]["median"] / digits["none"]["median"],
         "digits_epoch_persistent_over_none": digits["persistent"]["median"]
         / digits["none"]["median"],
         "epochs_lost_two_tiers_over_persistent_only": lost["local_and_persistent"]["median"]
         / lost["persistent_only"]["median"],
     }
-    print(json.dumps({"mib": mib, "rounds": rounds, "saves_s": saves, "digits_epoch_s": digits,
-                      "epochs_lost": lost}, indent=1))  # fmt: skip
+    print(json.dumps({"mib": mib, "rounds": rounds, "reads": args.reads, "saves_s": saves,
+                      "read_costs": reads, "digits_epoch_s": digits, "epochs_lost": lost},
+                     indent=1))  # fmt: skip
     for name, value in figures.items():
         print(f"{name:48s} {value:.3f}")
     print("RESULT " + json.dumps(figures))

@@ -1,7 +1,10 @@
 """Every file of a checkpoint x every kind of damage: verify reports it, restore refuses it."""
 
+import json
 import os
+import pathlib
 import shutil
+import tempfile
 
 import damage
 import exact_job
@@ -9,10 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from orbax.checkpoint._src.serialization import tensorstore_utils
 
 import jaxjob
-from jaxjob._src.base import file_table
+from jaxjob import testing
+from jaxjob._src.base import file_table, mounts
 from jaxjob._src.checkpoint import files, verify
+from jaxjob._src.internals import orbax_private
 
 
 def _workspace(epoch):
@@ -43,6 +49,24 @@ def _names_it(message, rel):
     return file_table.is_data_file(rel) and "leaf " in message  # the leaf it holds, and its file
 
 
+def _undetected(path, rel):
+    """(rel, by what, what it said) for each of verify and restore that misses ``rel`` 's damage."""
+    missed = []
+    lines = verify.verify_checkpoint(path)
+    if not any(_names_it(line, rel) for line in lines):
+        missed.append((rel, "verify", lines))
+    try:
+        jaxjob.restore(path)
+        missed.append((rel, "restore", "returned"))
+    except jaxjob.CorruptCheckpointError as err:
+        if not _names_it(str(err), rel):
+            missed.append((rel, "restore", str(err)))
+    except FileNotFoundError as err:  # the commit marker deleted: not a checkpoint any more
+        if not _names_it(str(err), rel):
+            missed.append((rel, "restore", repr(err)))
+    return missed
+
+
 @pytest.mark.parametrize("kind", list(damage.MATRIX))
 def test_every_file_damaged_is_reported_and_refused(saved, tmp_path, kind):
     """Each file of the checkpoint, damaged this way: verify names it, restore raises."""
@@ -57,24 +81,49 @@ def test_every_file_damaged_is_reported_and_refused(saved, tmp_path, kind):
         if not changed:  # e.g. a file identical in both epochs, or one sector long
             continue
         tried.append(rel)
-        lines = verify.verify_checkpoint(path)
-        if not any(_names_it(line, rel) for line in lines):
-            undetected.append((rel, "verify", lines))
-        try:
-            jaxjob.restore(path)
-            undetected.append((rel, "restore", "returned"))
-        except jaxjob.CorruptCheckpointError as err:
-            if not _names_it(str(err), rel):
-                undetected.append((rel, "restore", str(err)))
-        except FileNotFoundError as err:  # the commit marker deleted: not a checkpoint any more
-            if not _names_it(str(err), rel):
-                undetected.append((rel, "restore", repr(err)))
+        undetected += _undetected(path, rel)
     assert len(tried) >= (3 if kind == "swap two sectors" else 10), (
         tried
     )  # sectors: files of 1 KiB+
     for line in undetected:
         print(*line)
     print(f"MATRIX {kind}: {len(tried)} files tried, {len(tried) - len(undetected)} detected")
+    assert undetected == []
+
+
+@pytest.fixture
+def ram_disk():
+    """A fresh directory on this machine's RAM disk (``/dev/shm``), removed afterwards."""
+    if not mounts.ram_backed("/dev/shm"):
+        pytest.skip("no RAM disk at /dev/shm")
+    path = tempfile.mkdtemp(dir="/dev/shm", prefix="jaxjob-test-")
+    yield pathlib.Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", list(damage.MATRIX))
+def test_a_damaged_data_file_on_a_ram_disk_is_refused(saved, ram_disk, kind):
+    """On a RAM disk restore reads the large data files through a memory map: an intact copy
+    restores exactly, and each large data file damaged this way is named and refused."""
+    original, other = os.path.join(saved, "local.1"), os.path.join(saved, "local.0")
+    orbax_private.install()
+    spec = tensorstore_utils.build_kvstore_tspec(str(ram_disk / "local.1"), use_ocdbt=True)
+    assert '"memmap"' in json.dumps(spec)  # the reads below go through the map
+    intact = str(ram_disk / "intact" / "local.1")
+    shutil.copytree(original, intact)
+    testing.assert_bitwise_equal(jaxjob.restore(original), jaxjob.restore(intact))
+    large = [  # read in one piece of 256 KiB or more: TensorStore maps those
+        rel
+        for rel in damage.files_of(original)
+        if file_table.is_data_file(rel) and os.path.getsize(os.path.join(original, rel)) >= 1 << 20
+    ]
+    assert large
+    undetected = []
+    for i, rel in enumerate(large):
+        path = str(ram_disk / str(i) / "local.1")
+        shutil.copytree(original, path)
+        if damage.MATRIX[kind](os.path.join(path, rel), damage.counterpart(rel, original, other)):
+            undetected += _undetected(path, rel)
     assert undetected == []
 
 

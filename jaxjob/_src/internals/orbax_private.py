@@ -31,6 +31,9 @@ one folder:
   write, once its background thread has computed them. The JSON handler
   writes on the primary host only and has no hook for that; its private
   ``_save_fn`` is overridden.
+* **Restore from a RAM disk through a memory map** (:func:`_kvstore_tspec`):
+  TensorStore's ``file_io_mode`` is set in the kvstore spec that Orbax builds,
+  which has no option for it.
 * **Restore without a second copy on CPU**
   (:func:`jaxjob._src.internals.restore_buffers.read_shard`, replacing Orbax's
   private ``serialization._read_shard``): restored shards are read into 64-byte
@@ -68,7 +71,7 @@ from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
 from orbax.checkpoint._src.path import async_path, atomicity, atomicity_types
 from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
 
-from jaxjob._src.base import faults, file_table, fs
+from jaxjob._src.base import faults, file_table, fs, mounts
 from jaxjob._src.internals.restore_buffers import read_shard
 
 __all__ = [
@@ -338,6 +341,16 @@ def _without_file_sync(spec: Any) -> Any:
     return spec
 
 
+def _memory_mapped(spec: Any) -> Any:
+    """``spec`` with each of its ``file`` kvstores reading through ``mmap``."""
+    if isinstance(spec, dict):
+        spec = {k: _memory_mapped(v) for k, v in spec.items()}
+        return spec | {"file_io_mode": {"mode": "memmap"}} if spec.get("driver") == "file" else spec
+    if isinstance(spec, list):
+        return [_memory_mapped(v) for v in spec]
+    return spec
+
+
 def _kvstore_tspec(directory: Any, name: str | None = None, **kwargs: Any) -> dict[str, Any]:
     """Orbax's TensorStore kvstore spec; ``s3://`` built as Orbax builds ``gs://``, on ``s3``.
 
@@ -350,14 +363,34 @@ def _kvstore_tspec(directory: Any, name: str | None = None, **kwargs: Any) -> di
     local files are written without TensorStore's fsync of each file (and of
     its directory, and of each OCDBT manifest update, one after the other):
     ``DurableRename.finalize`` flushes every file of the tree before the
-    commit. Other paths (Orbax used directly, without jaxjob) are untouched.
+    commit.
+
+    On a RAM disk (``tmpfs``, ``ramfs``: a local tier on ``/dev/shm``) the
+    files are read through a memory map (TensorStore's ``file_io_mode``
+    ``memmap``, used for reads of 256 KiB or more): each array is copied once,
+    from the mapped pages into its restore buffer. TensorStore's default
+    ``pread`` first copies it into a buffer of its own, fresh memory faulted
+    in 4 KiB pages (262144 page faults a GiB against ~20000 mapped): that
+    doubled the copy and made a restore from ``/dev/shm`` take 1.5-5x a raw
+    read of the same bytes, varying with what a page fault cost on the busy
+    machine (benchmarks/README.md, "Two tiers"). Disks keep ``pread``: there,
+    a read error through a map is a ``SIGBUS`` that kills the process instead
+    of an exception naming the damaged leaf. Committed files are never
+    rewritten or truncated in place, and a file that retention deletes stays
+    readable through its map.
+
+    Other paths (Orbax used directly, without jaxjob) are untouched.
     """
     text = str(directory)
     if text.startswith("s3://"):
         return _gcs_to_s3(_build_kvstore_tspec("gs://" + text[len("s3://") :], name, **kwargs))
     spec = _build_kvstore_tspec(directory, name, **kwargs)
-    if "://" not in text and _flushed_at_commit_under(os.path.normpath(text)):
-        return _without_file_sync(spec)
+    if "://" in text:
+        return spec
+    if _flushed_at_commit_under(os.path.normpath(text)):
+        spec = _without_file_sync(spec)
+    if mounts.ram_backed(text):
+        spec = _memory_mapped(spec)
     return spec
 
 
