@@ -99,6 +99,36 @@ def test_a_stateful_loader_is_set_only_when_its_state_is_not_the_one_it_left(kin
     assert (fresh.ravel().tolist(), loader.sets) == ([1], 2)
 
 
+class FailsOnce(Counter):
+    """A Counter whose read of sample ``at`` fails once (a flaky file system)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+
+    def __next__(self):
+        batch = super().__next__()
+        if self.n == self.at:
+            self.at = None
+            raise OSError(f"sample {self.n} unreadable")
+        return batch
+
+
+def test_an_epoch_retried_after_a_read_failed_partway_reads_its_samples_again():
+    """Epoch 2 fails at sample 4: its retry (from epoch 1's state) reads [3, 4], not [5, 6]."""
+    loader = FailsOnce(at=4)
+    source = data.Stateful(loader, max_state_bytes=64)
+    first, state = source.next_batches(source.initial_state(), 2)
+    with pytest.raises(OSError, match="sample 4 unreadable"):
+        source.next_batches(state, 2)
+    again, _ = source.next_batches(state, 2)
+    assert (first.ravel().tolist(), again.ravel().tolist(), loader.sets) == ([1, 2], [3, 4], 1)
+    fresh = data.Stateful(FailsOnce(at=2), max_state_bytes=64)  # the first epoch, from the start
+    with pytest.raises(OSError, match="sample 2 unreadable"):
+        fresh.next_batches(fresh.initial_state(), 2)
+    assert fresh.next_batches(fresh.initial_state(), 2)[0].ravel().tolist() == [1, 2]
+
+
 def test_a_stateful_loader_state_must_fit_and_serialise():
     """A state over max_state_bytes, or neither bytes nor JSON: the loader and how to fix it."""
     source = data.Stateful(Counter(), max_state_bytes=8)

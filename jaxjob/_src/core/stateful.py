@@ -30,7 +30,7 @@ class Stateful:
     iterated once, on its first use. Its state (bytes, or a JSON-serialisable
     value) is kept in a ``uint8`` buffer of ``max_state_bytes``. The loader is
     asked to ``set_state`` only when the workspace's state is not the one it
-    left (the first epoch after a resume).
+    is at (the first epoch after a resume, or a retry after a read failed partway).
 
     Args:
         loader: The loader. Each process builds its own (for Grain's
@@ -80,7 +80,7 @@ class Stateful:
         self.max_state_bytes = max_state_bytes
         self._iterator: Any = None
         self._start: np.ndarray | None = None  # the loader's state before its first batch
-        self._left: np.ndarray | None = None  # the state it was left in after its last batches
+        self._at: np.ndarray | None = None  # the state the iterator is at; None: not known
 
     def __repr__(self) -> str:
         return f"Stateful({type(self.loader).__name__}, shared={self.shared})"
@@ -138,7 +138,7 @@ class Stateful:
                     f"({type(found).__name__}) has no get_state()/set_state()"
                 )
             self._iterator = found
-            self._start = self.encode(found.get_state())
+            self._start = self._at = self.encode(found.get_state())
         return self._iterator
 
     def next_batches(self, buffer: np.ndarray, steps: int | None) -> tuple[Any, np.ndarray]:
@@ -151,10 +151,10 @@ class Stateful:
         """
         iterator = self._iterate()
         buffer = np.asarray(buffer, np.uint8)
-        if self._left is None or not np.array_equal(buffer, self._left):
-            wanted = self._start if int(buffer[0]) == _FRESH else buffer
-            if self._left is not None or not np.array_equal(wanted, self._start):
-                iterator.set_state(self.decode(wanted))
+        wanted = self._start if int(buffer[0]) == _FRESH else buffer
+        if self._at is None or not np.array_equal(wanted, self._at):
+            iterator.set_state(self.decode(wanted))
+        self._at = None  # a read that fails partway leaves the iterator somewhere unknown
         batches = []
         for _ in range(steps or 1):
             try:
@@ -165,9 +165,9 @@ class Stateful:
                     f"{steps or 1} batches: give it enough data for every epoch (for Grain, "
                     "num_epochs=None repeats the data)"
                 ) from None
-        self._left = self.encode(iterator.get_state())
+        self._at = self.encode(iterator.get_state())
         batch = batches[0] if steps is None else jax.tree.map(lambda *xs: np.stack(xs), *batches)
-        return batch, self._left
+        return batch, self._at
 
 
 def has_state(obj: Any) -> bool:
