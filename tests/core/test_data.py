@@ -69,10 +69,11 @@ def test_an_index_cursor_splits_each_global_batch_over_the_processes():
         ({"data": {"a": IDS, "b": IDS[:3]}}, ValueError, r"leading lengths \[3, 10\]"),
         ({"batch_size": 0}, ValueError, "batch_size must be an int >= 1, got 0"),
         ({"shuffle_seed": 1.5}, TypeError, "shuffle_seed must be an int or None, got 1.5"),
+        ({"shuffle_seed": -1}, ValueError, "shuffle_seed must be an int >= 0 or None.*got -1"),
     ],
 )
 def test_an_index_cursor_refuses_bad_arguments(kwargs, error, match):
-    """Unequal lengths, a batch size below 1, a float seed: the argument and what it got."""
+    """Unequal lengths, a batch size below 1, a float or negative seed: the argument and value."""
     with pytest.raises(error, match=match):
         data.IndexCursor(**{"data": IDS, "batch_size": 2, **kwargs})
 
@@ -182,6 +183,20 @@ def test_add_data_refuses_what_is_not_a_source():
         TypeError, match="sharding must be a jax.sharding.Sharding or None, got 'x'"
     ):
         job.add_data("batch", data.IndexCursor(IDS, batch_size=2), sharding="x")
+
+
+def test_add_data_refuses_a_name_fed_twice_and_its_sources_are_read_only():
+    """A second source for one name would add a second init and feed task for one key."""
+    job = jaxjob.Job()
+    first = data.IndexCursor(IDS, batch_size=2)
+    job.add_data("batch", first)
+    with pytest.raises(ValueError, match="name 'batch' is already fed by IndexCursor"):
+        job.add_data("batch", data.IndexCursor(IDS, batch_size=5))
+    assert [t.name for t in job.init_group.tasks] == ["data:batch"]
+    assert [t.name for t in job.epoch_group.tasks] == ["data:batch"]
+    assert dict(job.data_sources) == {"batch": first}
+    with pytest.raises(TypeError):
+        job.data_sources["other"] = first
 
 
 def test_with_a_sharding_the_batches_are_global_arrays(tmp_path):

@@ -36,7 +36,7 @@ class IndexCursor:
             copied to the host once. Each data epoch's order is a permutation
             of ``len`` indices held in memory (8 bytes a sample).
         batch_size: The global batch size, a multiple of the process count.
-        shuffle_seed: The seed of the order, or None for index order.
+        shuffle_seed: The seed of the order (an int >= 0), or None for index order.
 
     Example:
         >>> import numpy as np, jaxjob
@@ -58,6 +58,11 @@ class IndexCursor:
         if shuffle_seed is not None and not is_int(shuffle_seed):
             raise TypeError(
                 f"IndexCursor: shuffle_seed must be an int or None, got {shuffle_seed!r}"
+            )
+        if shuffle_seed is not None and shuffle_seed < 0:
+            raise ValueError(
+                f"IndexCursor: shuffle_seed must be an int >= 0 or None (NumPy seeds are "
+                f"non-negative), got {shuffle_seed!r}"
             )
         self.data = jax.tree.map(np.asarray, data)  # a jax.Array: copied to the host once
         self.num_records = lengths.pop()
