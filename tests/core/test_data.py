@@ -305,3 +305,21 @@ def test_a_job_fed_by_add_data_or_writing_a_file_is_not_warned_about(tmp_path):
         data.warn_unsaved_iterators([task], set())
         train(str(tmp_path / "ckpt"), Counter(), 1)
     assert not [w for w in caught if "Python iterator" in str(w.message)]
+
+
+def test_the_data_process_count_error_names_every_host_local_leaf():
+    """A per-process loader state resumed on another process count: the error names the data
+    state and every other host-local leaf of the checkpoint (DESIGN: every leaf)."""
+    from jaxjob._src.checkpoint.hostlocal import ProcessCountError
+    from jaxjob._src.run.resume import data_count_error
+
+    job = jaxjob.Job()
+    job.add_data("batch", data.Stateful(Counter(), max_state_bytes=64))
+    job.add_data("ids", data.IndexCursor(IDS, batch_size=2))
+    leaves = ["['jaxjob/data/batch']", "['rng_np']", "['stats']['count']"]
+    message = str(data_count_error(ProcessCountError(leaves, 2, 1), job, 3))
+    assert "per-process loader states ['jaxjob/data/batch'] (jaxjob.data.Stateful)" in message
+    assert "The other host-local leaves [\"['rng_np']\", \"['stats']['count']\"]" in message
+    alone = str(data_count_error(ProcessCountError(leaves[:1], 2, 1), job, 3))
+    assert "other host-local" not in alone
+    assert data_count_error(ProcessCountError(leaves[1:], 2, 1), job, 3) is None
