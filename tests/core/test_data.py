@@ -323,3 +323,15 @@ def test_the_data_process_count_error_names_every_host_local_leaf():
     alone = str(data_count_error(ProcessCountError(leaves[:1], 2, 1), job, 3))
     assert "other host-local" not in alone
     assert data_count_error(ProcessCountError(leaves[1:], 2, 1), job, 3) is None
+
+
+def test_a_train_retried_after_a_load_failed_partway_reads_what_an_uninterrupted_one_reads(
+    tmp_path,
+):
+    """Epoch 1's load fails at the loader's sample 4; train() called again in the same process
+    resumes from epoch 0's checkpoint and reads [3, 4] and [5, 6], not the samples after 4."""
+    source = data.Stateful(FailsOnce(at=4), max_state_bytes=64)
+    with pytest.raises(OSError, match="sample 4 unreadable"):
+        train(str(tmp_path), source, 3)
+    seen, _ = train(str(tmp_path), source, 3)
+    assert seen == [[3, 4], [5, 6]]
