@@ -155,6 +155,14 @@ CRAFTED = {
         _set("state", "w", {"leaf": "l0", "module": "os"}),
         r"state\['w'\] is .*expected a tree node",
     ),
+    "state variable type not a string": (
+        _set("state", "w", {"dict": [["value", {"leaf": "l0"}]], "variable": {"x": 1}}),
+        r"state\['w'\] is .*expected a tree node",
+    ),
+    "state variable type on a leaf": (
+        _set("state", "w", {"leaf": "l0", "variable": "Param"}),
+        r"state\['w'\] is .*expected a tree node",
+    ),
     "state leaf not a stored name": (
         _set("state", "w", {"leaf": "../../x"}),
         r"state\['w'\] is .*expected a tree node",

@@ -58,6 +58,7 @@ def _names(tree):
         ("~1", "%7E1"),
         (".", "%2E"),
         ("..", "%2E%2E"),
+        ("." * 50, "%2E" * 40),  # cut like any part (check() refused 150 characters)
         ("", "~"),
         ("a" * 500, "a" * stored_names.MAX_PART),
         ("é" * 100, "%C3%A9" * 20),  # cut before an escape, never inside one
@@ -111,6 +112,10 @@ CLASHES = {
         {"_METADATA~1": 0, "_sharding~1/x": 0},
     ),
     "dot and empty keys": ({"d": {".": jnp.ones(1), "": jnp.zeros(1)}}, {"d/%2E": 0, "d/~": 0}),
+    "long dot-only keys": (
+        {"d": {"." * 50: jnp.ones(1), "." * 60: jnp.zeros(1)}},
+        {"d/" + "%2E" * 40: 0, "d/" + "%2E" * 40 + "~1": 0},
+    ),
 }
 
 

@@ -69,10 +69,11 @@ def test_an_index_cursor_splits_each_global_batch_over_the_processes():
         ({"data": {"a": IDS, "b": IDS[:3]}}, ValueError, r"leading lengths \[3, 10\]"),
         ({"batch_size": 0}, ValueError, "batch_size must be an int >= 1, got 0"),
         ({"shuffle_seed": 1.5}, TypeError, "shuffle_seed must be an int or None, got 1.5"),
+        ({"shuffle_seed": -1}, ValueError, "shuffle_seed must be an int >= 0 or None.*got -1"),
     ],
 )
 def test_an_index_cursor_refuses_bad_arguments(kwargs, error, match):
-    """Unequal lengths, a batch size below 1, a float seed: the argument and what it got."""
+    """Unequal lengths, a batch size below 1, a float or negative seed: the argument and value."""
     with pytest.raises(error, match=match):
         data.IndexCursor(**{"data": IDS, "batch_size": 2, **kwargs})
 
@@ -97,6 +98,36 @@ def test_a_stateful_loader_is_set_only_when_its_state_is_not_the_one_it_left(kin
     assert np.array_equal(after, later)
     fresh, _ = source.next_batches(source.initial_state(), 1)  # a new run from scratch
     assert (fresh.ravel().tolist(), loader.sets) == ([1], 2)
+
+
+class FailsOnce(Counter):
+    """A Counter whose read of sample ``at`` fails once (a flaky file system)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+
+    def __next__(self):
+        batch = super().__next__()
+        if self.n == self.at:
+            self.at = None
+            raise OSError(f"sample {self.n} unreadable")
+        return batch
+
+
+def test_an_epoch_retried_after_a_read_failed_partway_reads_its_samples_again():
+    """Epoch 2 fails at sample 4: its retry (from epoch 1's state) reads [3, 4], not [5, 6]."""
+    loader = FailsOnce(at=4)
+    source = data.Stateful(loader, max_state_bytes=64)
+    first, state = source.next_batches(source.initial_state(), 2)
+    with pytest.raises(OSError, match="sample 4 unreadable"):
+        source.next_batches(state, 2)
+    again, _ = source.next_batches(state, 2)
+    assert (first.ravel().tolist(), again.ravel().tolist(), loader.sets) == ([1, 2], [3, 4], 1)
+    fresh = data.Stateful(FailsOnce(at=2), max_state_bytes=64)  # the first epoch, from the start
+    with pytest.raises(OSError, match="sample 2 unreadable"):
+        fresh.next_batches(fresh.initial_state(), 2)
+    assert fresh.next_batches(fresh.initial_state(), 2)[0].ravel().tolist() == [1, 2]
 
 
 def test_a_stateful_loader_state_must_fit_and_serialise():
@@ -152,6 +183,20 @@ def test_add_data_refuses_what_is_not_a_source():
         TypeError, match="sharding must be a jax.sharding.Sharding or None, got 'x'"
     ):
         job.add_data("batch", data.IndexCursor(IDS, batch_size=2), sharding="x")
+
+
+def test_add_data_refuses_a_name_fed_twice_and_its_sources_are_read_only():
+    """A second source for one name would add a second init and feed task for one key."""
+    job = jaxjob.Job()
+    first = data.IndexCursor(IDS, batch_size=2)
+    job.add_data("batch", first)
+    with pytest.raises(ValueError, match="name 'batch' is already fed by IndexCursor"):
+        job.add_data("batch", data.IndexCursor(IDS, batch_size=5))
+    assert [t.name for t in job.init_group.tasks] == ["data:batch"]
+    assert [t.name for t in job.epoch_group.tasks] == ["data:batch"]
+    assert dict(job.data_sources) == {"batch": first}
+    with pytest.raises(TypeError):
+        job.data_sources["other"] = first
 
 
 def test_with_a_sharding_the_batches_are_global_arrays(tmp_path):
@@ -260,3 +305,33 @@ def test_a_job_fed_by_add_data_or_writing_a_file_is_not_warned_about(tmp_path):
         data.warn_unsaved_iterators([task], set())
         train(str(tmp_path / "ckpt"), Counter(), 1)
     assert not [w for w in caught if "Python iterator" in str(w.message)]
+
+
+def test_the_data_process_count_error_names_every_host_local_leaf():
+    """A per-process loader state resumed on another process count: the error names the data
+    state and every other host-local leaf of the checkpoint (DESIGN: every leaf)."""
+    from jaxjob._src.checkpoint.hostlocal import ProcessCountError
+    from jaxjob._src.run.resume import data_count_error
+
+    job = jaxjob.Job()
+    job.add_data("batch", data.Stateful(Counter(), max_state_bytes=64))
+    job.add_data("ids", data.IndexCursor(IDS, batch_size=2))
+    leaves = ["['jaxjob/data/batch']", "['rng_np']", "['stats']['count']"]
+    message = str(data_count_error(ProcessCountError(leaves, 2, 1), job, 3))
+    assert "per-process loader states ['jaxjob/data/batch'] (jaxjob.data.Stateful)" in message
+    assert "The other host-local leaves [\"['rng_np']\", \"['stats']['count']\"]" in message
+    alone = str(data_count_error(ProcessCountError(leaves[:1], 2, 1), job, 3))
+    assert "other host-local" not in alone
+    assert data_count_error(ProcessCountError(leaves[1:], 2, 1), job, 3) is None
+
+
+def test_a_train_retried_after_a_load_failed_partway_reads_what_an_uninterrupted_one_reads(
+    tmp_path,
+):
+    """Epoch 1's load fails at the loader's sample 4; train() called again in the same process
+    resumes from epoch 0's checkpoint and reads [3, 4] and [5, 6], not the samples after 4."""
+    source = data.Stateful(FailsOnce(at=4), max_state_bytes=64)
+    with pytest.raises(OSError, match="sample 4 unreadable"):
+        train(str(tmp_path), source, 3)
+    seen, _ = train(str(tmp_path), source, 3)
+    assert seen == [[3, 4], [5, 6]]

@@ -121,3 +121,61 @@ def test_a_params_only_nnx_state_restores_from_a_whole_saved_state(tmp_path):
     plain = {"lin": {"kernel": jax.ShapeDtypeStruct((3, 2), jnp.float32)}}
     with pytest.raises(ValueError, match=r"the checkpoint has leaves the target lacks .*'bias'"):
         jaxjob.restore(tmp_path, target={"model": plain})
+
+
+def _nets():
+    """A Net of two Linears and a Dropout (Params, RngKey, RngCount), and its variant without
+    the second Linear (a dropped layer)."""
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs, second=True):
+            self.lin = nnx.Linear(3, 2, rngs=rngs)
+            self.lin2 = nnx.Linear(2, 2, rngs=rngs) if second else None
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+    return Net
+
+
+def test_an_nnx_state_target_lacking_a_layer_names_it_even_in_restore(tmp_path):
+    """Filtered or whole, an nnx.State target missing Variables of a type it holds (a dropped
+    layer's Params) raises naming their key paths; only other Variable types may be left out."""
+    from flax import nnx
+
+    import jaxjob
+
+    net = _nets()
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"model": nnx.state(net(nnx.Rngs(0)))})
+    ckpt.close()
+    short = nnx.eval_shape(lambda: net(nnx.Rngs(0), second=False))
+    for like in (nnx.state(short), nnx.state(short, nnx.Param)):
+        with pytest.raises(
+            ValueError, match=r"checkpoint has leaves the target lacks \[.*\['lin2'\]\['bias'\]"
+        ):
+            jaxjob.restore(tmp_path, target={"model": like})
+    rngs_only = nnx.state(nnx.eval_shape(lambda: net(nnx.Rngs(0))), nnx.RngState)
+    state = jaxjob.restore(tmp_path, target={"model": rngs_only})["model"]
+    assert sorted(state) == ["drop"] and type(state["drop"]["rngs"]["count"]) is nnx.RngCount
+
+
+def test_a_job_resuming_an_nnx_state_with_a_dropped_layer_raises(tmp_path):
+    """A job's resume never accepts fewer leaves than its checkpoint: an init whose nnx.State lost
+    a layer (a code change) fails the resume naming the layer's key paths (DESIGN semantic 7)."""
+    from flax import nnx
+
+    import jaxjob
+
+    net = _nets()
+
+    def run(second):
+        job = jaxjob.Job()
+        job.init_group.add(lambda ws: {"model": nnx.state(net(nnx.Rngs(0), second))}, name="m")
+        job.epoch_group.add(lambda ws: {"model": ws["model"]}, name="step")
+        jaxjob.epoch_limiter(job, 1)
+        runner = jaxjob.JobRunner(job, jaxjob.CheckpointManager(str(tmp_path)))
+        runner.train(jaxjob.Session())
+
+    run(second=True)
+    with pytest.raises(ValueError, match=r"checkpoint has leaves the target lacks \[.*'lin2'"):
+        run(second=False)

@@ -237,13 +237,23 @@ def _entry_key(entry: Any) -> Any:
     return None
 
 
+def is_nnx_variable(node: Any) -> bool:
+    """Whether ``node`` is an ``nnx.Variable`` (``nnx.Param``...; flax is not imported)."""
+    return any(
+        k.__name__ == "Variable" and k.__module__.startswith("flax.nnx") for k in type(node).__mro__
+    )
+
+
 def flatten(
     tree: Any, where: str, namer: stored_names.Namer, segments: tuple[str, ...] = ()
 ) -> tuple[Any, list[tuple[str, Any, str]]]:
     """The JSON structure of ``tree`` and its leaves as ``(stored name, leaf, key path)``.
 
     Leaves are in JAX's flattening order; ``namer`` names each by its key path:
-    ``segments`` (the persistent name's parts), then the keys down to it.
+    ``segments`` (the persistent name's parts), then the keys down to it. An
+    ``nnx.Variable`` 's node also records its type's name (``"variable":
+    "Param"``), by which a filtered ``nnx.State`` target is told from one
+    that lacks Variables (:mod:`jaxjob._src.checkpoint.targets`).
     """
     leaves: list[tuple[str, Any, str]] = []
 
@@ -266,12 +276,15 @@ def flatten(
             }
         keys = [_key(_entry_key(e)) for e, _ in children]
         _check_unique(keys, path)
-        return {
+        found: dict[str, Any] = {
             "dict": [
                 [key, walk(c, f"{path}{jax.tree_util.keystr((e,))}", (*parts, _entry_key(e)))]
                 for key, (e, c) in zip(keys, children, strict=True)
             ]
         }
+        if is_nnx_variable(node):
+            found["variable"] = type(node).__name__
+        return found
 
     return walk(tree, where, segments), leaves
 

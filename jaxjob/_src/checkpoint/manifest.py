@@ -41,7 +41,7 @@ __all__ = [
     "same_devices",
 ]
 
-FORMAT = 7  # 5: the devices record; 6: the tier; 7: stored names are escaped key paths
+FORMAT = 7  # 5: devices record; 6: tier; 7: names are escaped key paths, Variables typed
 MANIFEST_ITEM = "jaxjob"
 MANIFEST_FILE = "manifest.json"
 STATE = "state"

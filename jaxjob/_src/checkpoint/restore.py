@@ -115,8 +115,9 @@ def restore(
             them, shardings. Leaves are matched by key path; a target leaf
             that is not an array and that the checkpoint lacks (an activation
             function) is passed through. An ``nnx.State`` may hold fewer
-            Variables than the checkpoint (``nnx.state(model, nnx.Param)``):
-            only its own are read.
+            Variable types than the checkpoint (``nnx.state(model,
+            nnx.Param)``): only its own are read; one missing a Variable of
+            a type it holds (a dropped layer) is a structure mismatch.
         sharding: Where ``jax.Array`` leaves go (where the target gives no
             sharding): a ``jax.sharding.Sharding``, or a mapping from a key or
             name to a Sharding or to a pytree of them, which may be a prefix
@@ -280,7 +281,14 @@ def _restore_one(path, found, chosen, target, sharding, host_map) -> dict[str, A
     checkpointer = orbax_private.checkpointer(path, handler, private=private)
     try:
         return storage.restore_selected(
-            checkpointer, path, found, chosen, targets=target, sharding=sharding, host_map=host_map
+            checkpointer,
+            path,
+            found,
+            chosen,
+            targets=target,
+            sharding=sharding,
+            host_map=host_map,
+            filtered_states=True,
         )
     finally:
         checkpointer.close()

@@ -43,7 +43,10 @@ MAX_PROCESSES = 1 << 20
 MAX_DIMS = 64  # NumPy's
 MAX_BYTES = 1 << 60  # a leaf's declared bytes, far past any array: no size overflows an int64
 MAX_DEPTH = 256  # nested containers in one tree structure
-_NODE_HELP = '{"leaf": stored name}, {"none": true} or {"dict" | "list" | "tuple": [...]}'
+_NODE_HELP = (
+    '{"leaf": stored name}, {"none": true} or {"dict" | "list" | "tuple": [...]} (a "dict" '
+    'may carry "variable": the name of its nnx.Variable type)'
+)
 
 
 def _show(value: Any) -> str:
@@ -149,6 +152,7 @@ def leaf_names(structure: Any, where: str, depth: int = 0) -> list[str]:
     """
     if depth > MAX_DEPTH:
         raise ValueError(f"{where[:120]}... is nested deeper than {MAX_DEPTH} containers")
+    structure = _without_variable(structure)
     tag = next(iter(structure)) if isinstance(structure, dict) and len(structure) == 1 else None
     value = structure[tag] if tag is not None else None
     if tag == "leaf" and is_stored_name(value):
@@ -164,6 +168,14 @@ def leaf_names(structure: Any, where: str, depth: int = 0) -> list[str]:
     if tag == "dict" and isinstance(value, list):
         return _dict_leaf_names(value, where, depth)
     raise ValueError(f"{where} is {_show(structure)}, expected a tree node: {_NODE_HELP}")
+
+
+def _without_variable(structure: Any) -> Any:
+    """A dict node without the type name of the ``nnx.Variable`` it was (``"variable"``)."""
+    typed = isinstance(structure, dict) and set(structure) == {"dict", "variable"}
+    if typed and isinstance(structure["variable"], str) and len(structure["variable"]) <= 200:
+        return {"dict": structure["dict"]}
+    return structure
 
 
 def _dict_leaf_names(pairs: list[Any], where: str, depth: int) -> list[str]:

@@ -261,6 +261,7 @@ def restore_selected(
     targets: Mapping[str, Any] | None = None,
     sharding: Any = None,
     host_map: hostlocal.HostMap | None = None,
+    filtered_states: bool = False,
 ) -> dict[str, Any]:
     """Restores the selected subtrees of one item of the checkpoint directory ``path``, by key.
 
@@ -274,6 +275,8 @@ def restore_selected(
     from key or name to a Sharding or a pytree prefix of them), by default
     JAX's default device. Host-local leaves come back as this process's own
     copy, or as the copy of the saved process that ``host_map`` gives for it.
+    With ``filtered_states`` (``jaxjob.restore``), an ``nnx.State`` target
+    filtered by Variable type reads only its own Variables.
 
     Raises:
         CorruptCheckpointError: If a leaf read does not match its checksum or
@@ -294,6 +297,7 @@ def restore_selected(
             target=targets.get(key),
             has_target=key in targets,
             where=where,
+            subset=filtered_states,
         )
         for key, sel in chosen.items()
     }

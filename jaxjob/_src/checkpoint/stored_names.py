@@ -24,7 +24,11 @@ back a dict keyed by the key paths that ``jaxjob show`` prints. The rule:
   ``lst/0~1/x``.
 
 The manifest maps every key path to its stored name; nothing reads a name
-back into a key path. This module imports neither JAX nor Orbax.
+back into a key path. :data:`MAX_NAME` does not budget for the object key
+around a name: without OCDBT (a private checkpoint) on an object store (keys
+of at most 1024 bytes), ``<db_prefix>/<node>.<epoch>/state/<name>/<chunk>``
+must fit, which the README's "Reading a checkpoint without jaxjob" states.
+This module imports neither JAX nor Orbax.
 """
 
 from __future__ import annotations
@@ -54,14 +58,18 @@ def escape(part: str) -> str:
     Example:
         >>> escape("kernel"), escape("a/b"), escape("x y%"), escape(".."), escape("")
         ('kernel', 'a%2Fb', 'x%20y%25', '%2E%2E', '~')
+        >>> len(escape("." * 50)), len(escape("." * 41)) == len(escape("." * 40))
+        (120, True)
     """
     if _PLAIN.fullmatch(part) and len(part) <= MAX_PART and part.strip("."):
         return part
     if not part:
         return "~"
     if set(part) == {"."}:
-        return "%2E" * len(part)
-    text = "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in part.encode("utf-8", "replace"))
+        text = "%2E" * len(part)
+    else:
+        raw = part.encode("utf-8", "replace")
+        text = "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in raw)
     if len(text) <= MAX_PART:
         return text
     cut = text[:MAX_PART]

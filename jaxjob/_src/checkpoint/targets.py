@@ -9,9 +9,13 @@ attribute names and sequence indices, whatever the container type), each
 checked for shape and dtype. A target leaf that is not an array (an equinox
 module's activation function) and that the checkpoint does not hold is passed
 through unchanged. An ``nnx.Variable`` 's ``value`` matches a stored plain
-leaf (a state saved with ``nnx.to_pure_dict``). An ``nnx.State`` in the target
-may hold fewer Variables than the checkpoint (``nnx.state(model, nnx.Param)``
-of a model saved with its RNG state): the others are not read.
+leaf (a state saved with ``nnx.to_pure_dict``). In ``jaxjob.restore`` (not
+in a job's resume, whose targets are its init's), an ``nnx.State`` in the
+target may hold fewer Variable types than the checkpoint
+(``nnx.state(model, nnx.Param)`` of a model saved with its RNG state): the
+Variables of the other types are not read (a save records each Variable's
+type). A Variable of a type the State holds, missing from it (a dropped
+layer's Param), is a structure mismatch, as anywhere else.
 """
 
 from __future__ import annotations
@@ -110,8 +114,13 @@ def plan(
     target: Any = None,
     has_target: bool = False,
     where: str = "",
+    subset: bool = False,
 ) -> Plan:
     """The plan of one selection: as saved, or like ``target`` when ``has_target``.
+
+    With ``subset`` (``jaxjob.restore`` 's targets, never a job's resume), an
+    ``nnx.State`` of the target filtered by Variable type reads only its own
+    Variables; else every stored leaf must be in the target.
 
     Raises:
         ValueError: If the target's structure, a shape or a dtype differs
@@ -119,7 +128,7 @@ def plan(
     """
     stored = keypaths.leaf_names(selection.structure, selection.segments)
     if has_target:
-        return _target_plan(selection, stored, specs, rule, target, where)
+        return _target_plan(selection, stored, specs, rule, target, where, subset)
     abstracts = {
         name: _abstract(specs[name].abstract(), rule.get(segs), specs[name])
         for segs, name in stored
@@ -161,26 +170,50 @@ def _is_nnx_state(node: Any) -> bool:
     return kind.__name__ == "State" and kind.__module__.startswith("flax.nnx")
 
 
-def _filtered(selection: keypaths.Selection, target: Any) -> list[tuple[str, ...]]:
-    """Key paths of the target's ``nnx.State`` nodes, which may hold a filtered state."""
+def _filtered(selection: keypaths.Selection, target: Any) -> list[tuple[tuple[str, ...], set]]:
+    """Each ``nnx.State`` of the target: its key path and the Variable types it holds."""
     states = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_nnx_state)[0]
-    return [
-        (*selection.segments, *keypaths.entry_segments(path))
-        for path, node in states
-        if _is_nnx_state(node)
-    ]
+    found = []
+    for path, node in states:
+        if _is_nnx_state(node):
+            held = jax.tree_util.tree_leaves(node, is_leaf=codec.is_nnx_variable)
+            kinds = {type(v).__name__ for v in held if codec.is_nnx_variable(v)}
+            found.append(((*selection.segments, *keypaths.entry_segments(path)), kinds))
+    return found
 
 
-def _target_plan(selection, stored, specs, rule, target, where) -> Plan:
+def _variable_types(selection: keypaths.Selection) -> dict[tuple[str, ...], str]:
+    """The key paths of the stored ``nnx.Variable`` nodes, and their types' names."""
+    nodes = keypaths.nodes(selection.structure, selection.segments)
+    return {segs: node["variable"] for segs, node in nodes if "variable" in node}
+
+
+def _left_out(selection, stored, matched, target) -> list[tuple[str, ...]]:
+    """Stored leaves a filtered ``nnx.State`` of the target leaves out (they are not read).
+
+    A stored leaf is left out when it is a Variable under the key path of an
+    ``nnx.State`` of the target, of a type that State holds none of: the
+    State was filtered by type (``nnx.state(model, nnx.Param)``). A
+    Variable of a type it holds (a Param of a dropped layer) is not.
+    """
+    states = _filtered(selection, target)
+    kinds = _variable_types(selection)
+    out = []
+    for segs, name in stored:
+        kind = next((kinds[segs[:i]] for i in range(len(segs), 0, -1) if segs[:i] in kinds), None)
+        if name in matched or kind is None:
+            continue
+        if any(segs[: len(f)] == f and kind not in held for f, held in states):
+            out.append(segs)
+    return out
+
+
+def _target_plan(selection, stored, specs, rule, target, where, subset) -> Plan:
     flat, treedef = jax.tree_util.tree_flatten_with_path(target)
     slots, lacking = _match(selection, stored, flat)
     matched = {name for _, name in slots if name is not None}
-    filtered = _filtered(selection, target)
-    extra = [
-        specs[n].path
-        for segs, n in stored
-        if n not in matched and not any(segs[: len(f)] == f for f in filtered)
-    ]
+    left_out = set(_left_out(selection, stored, matched, target)) if subset else set()
+    extra = [specs[n].path for segs, n in stored if n not in matched and segs not in left_out]
     if lacking or extra:
         raise ValueError(
             f"structure mismatch for {selection.key!r} in {where}: the target has leaves the "

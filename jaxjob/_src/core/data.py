@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections.abc
 import inspect
 import io
-import json
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -34,8 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxjob._src.base.checks import is_int
 from jaxjob._src.base.log import warn
+from jaxjob._src.core.index_cursor import IndexCursor
+from jaxjob._src.core.stateful import Stateful, has_state, is_iterator
 from jaxjob._src.core.workspace import Workspace
 
 __all__ = [
@@ -49,281 +49,8 @@ __all__ = [
 ]
 
 STATE_PREFIX = "jaxjob/data/"
-_FRESH, _BYTES, _JSON = 0, 1, 2  # the state buffer's tag: the loader's start, bytes, JSON
-_HEADER = 5  # tag (1 byte) and payload length (4 bytes, little-endian)
-
-
-class IndexCursor:
-    """Batches of NumPy arrays in a seeded order, by one global cursor that is checkpointed.
-
-    Data epoch ``e`` visits every sample once, in the order
-    ``np.random.default_rng([shuffle_seed, e]).permutation(n)`` (in index
-    order without ``shuffle_seed``); a global batch is the next
-    ``batch_size`` samples of that stream (it may span two data epochs).
-    Process ``p`` of a ``P``-process job gets rows ``p * batch_size // P`` up
-    to ``(p + 1) * batch_size // P`` of each global batch. The cursor (data
-    epoch, offset) is one value for the whole job: resumed on another process
-    count, it is split over the new processes, and no sample is skipped or
-    repeated.
-
-    Args:
-        data: A NumPy array, or a pytree of them, whose leading axis indexes
-            the samples (the same length in every leaf). Each batch reads
-            only its rows (a ``np.memmap`` stays on disk); a ``jax.Array`` is
-            copied to the host once. Each data epoch's order is a permutation
-            of ``len`` indices held in memory (8 bytes a sample).
-        batch_size: The global batch size, a multiple of the process count.
-        shuffle_seed: The seed of the order, or None for index order.
-
-    Example:
-        >>> import numpy as np, jaxjob
-        >>> source = jaxjob.data.IndexCursor(np.arange(5), batch_size=2)
-        >>> batch, cursor = source.next_batches(np.zeros(2, np.int32), steps=3)
-        >>> batch.tolist(), cursor.tolist()
-        ([[0, 1], [2, 3], [4, 0]], [1, 1])
-    """
-
-    def __init__(self, data: Any, *, batch_size: int, shuffle_seed: int | None = None) -> None:
-        lengths = {np.shape(leaf)[0] if np.ndim(leaf) else 0 for leaf in jax.tree.leaves(data)}
-        if len(lengths) != 1 or 0 in lengths:
-            raise ValueError(
-                "IndexCursor: data must be an array or a pytree of arrays with the same "
-                f"non-zero leading length, got leading lengths {sorted(lengths)}"
-            )
-        if not is_int(batch_size) or batch_size < 1:
-            raise ValueError(f"IndexCursor: batch_size must be an int >= 1, got {batch_size!r}")
-        if shuffle_seed is not None and not is_int(shuffle_seed):
-            raise TypeError(
-                f"IndexCursor: shuffle_seed must be an int or None, got {shuffle_seed!r}"
-            )
-        self.data = jax.tree.map(np.asarray, data)  # a jax.Array: copied to the host once
-        self.num_records = lengths.pop()
-        self.batch_size = batch_size
-        self.shuffle_seed = shuffle_seed
-        self._orders: dict[int, np.ndarray] = {}
-
-    def __repr__(self) -> str:
-        return (
-            f"IndexCursor(<{self.num_records} samples>, batch_size={self.batch_size}, "
-            f"shuffle_seed={self.shuffle_seed})"
-        )
-
-    def order(self, data_epoch: int) -> np.ndarray:
-        """The sample indices of data epoch ``data_epoch``, in the order they are read."""
-        if data_epoch not in self._orders:
-            if self.shuffle_seed is None:
-                found = np.arange(self.num_records)
-            else:
-                rng = np.random.default_rng([self.shuffle_seed, data_epoch])
-                found = rng.permutation(self.num_records)
-            self._orders = {k: v for k, v in self._orders.items() if k >= data_epoch - 1}
-            self._orders[data_epoch] = found
-        return self._orders[data_epoch]
-
-    def indices(self, cursor: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next ``count`` global sample indices from ``cursor``, and the cursor after them."""
-        data_epoch, offset = (int(v) for v in cursor)
-        taken: list[np.ndarray] = []
-        while count:
-            part = self.order(data_epoch)[offset : offset + count]
-            taken.append(part)
-            count -= len(part)
-            offset += len(part)
-            if offset == self.num_records:
-                data_epoch, offset = data_epoch + 1, 0
-        return np.concatenate(taken), np.array([data_epoch, offset], np.int32)
-
-    def next_batches(
-        self,
-        cursor: np.ndarray,
-        steps: int | None,
-        *,
-        process_index: int | None = None,
-        process_count: int | None = None,
-    ) -> tuple[Any, np.ndarray]:
-        """This process's rows of the next ``steps`` global batches (stacked), and the new cursor.
-
-        Args:
-            cursor: ``[data epoch, offset]``.
-            steps: How many global batches; None: one batch, not stacked.
-            process_index: The process whose rows to read (default: this one).
-            process_count: The processes the batches are split over (default: the job's).
-
-        Raises:
-            ValueError: If ``batch_size`` is not a multiple of the process count.
-        """
-        count = jax.process_count() if process_count is None else process_count
-        me = jax.process_index() if process_index is None else process_index
-        if self.batch_size % count:
-            raise ValueError(
-                f"IndexCursor: batch_size {self.batch_size} must be a multiple of the process "
-                f"count {count}: each process reads an equal part of every global batch"
-            )
-        taken, cursor = self.indices(cursor, self.batch_size * (steps or 1))
-        rows = taken.reshape(steps or 1, count, -1)[:, me].reshape(-1)
-        shape = (steps, -1) if steps else (-1,)
-        batch = jax.tree.map(lambda a: a[rows].reshape(*shape, *a.shape[1:]), self.data)
-        return batch, cursor
-
-
-class Stateful:
-    """A loader with ``get_state()``/``set_state()`` (e.g. Grain's) whose state is checkpointed.
-
-    ``loader`` is an iterator with ``get_state``/``set_state`` (Grain's
-    ``DatasetIterator``, ``ElasticIterator``) or an iterable whose iterator
-    has them (Grain's ``DataLoader``, ``MapDataset``/``IterDataset``): it is
-    iterated once, on its first use. Its state (bytes, or a JSON-serialisable
-    value) is kept in a ``uint8`` buffer of ``max_state_bytes``. The loader is
-    asked to ``set_state`` only when the workspace's state is not the one it
-    left (the first epoch after a resume).
-
-    Args:
-        loader: The loader. Each process builds its own (for Grain's
-            per-process loaders, over its shard: ``grain.ShardByJaxProcess``).
-        shared: False (default): each process has its own state, saved per
-            process; resuming on another process count raises. True: every
-            process's loader has the same state (Grain's ``ElasticIterator``,
-            which re-splits its global batches over the processes it is built
-            for): saved once, and restored on any process count (a state
-            that differs between processes fails the save).
-        max_state_bytes: The size of the state's buffer; a larger state raises.
-
-    Example:
-        >>> import jaxjob
-        >>> class Counter:  # the smallest loader with a state
-        ...     def __init__(self):
-        ...         self.n = 0
-        ...     def __iter__(self):
-        ...         return self
-        ...     def __next__(self):
-        ...         self.n += 1
-        ...         return self.n
-        ...     def get_state(self):
-        ...         return {"n": self.n}
-        ...     def set_state(self, state):
-        ...         self.n = state["n"]
-        >>> source = jaxjob.data.Stateful(Counter(), max_state_bytes=64)
-        >>> batch, state = source.next_batches(source.initial_state(), steps=2)
-        >>> batch.tolist(), source.decode(state)
-        ([1, 2], {'n': 2})
-    """
-
-    def __init__(
-        self, loader: Any, *, shared: bool = False, max_state_bytes: int = 1 << 14
-    ) -> None:
-        if not (_has_state(loader) or isinstance(loader, collections.abc.Iterable)):
-            raise TypeError(
-                "Stateful: loader must have get_state() and set_state(), or be an iterable whose "
-                f"iterator has them (a Grain DataLoader or dataset), got {type(loader).__name__}"
-            )
-        if not is_int(max_state_bytes) or max_state_bytes <= _HEADER:
-            raise ValueError(
-                f"Stateful: max_state_bytes must be an int > {_HEADER}, got {max_state_bytes!r}"
-            )
-        self.loader = loader
-        self.shared = bool(shared)
-        self.max_state_bytes = max_state_bytes
-        self._iterator: Any = None
-        self._start: np.ndarray | None = None  # the loader's state before its first batch
-        self._left: np.ndarray | None = None  # the state it was left in after its last batches
-
-    def __repr__(self) -> str:
-        return f"Stateful({type(self.loader).__name__}, shared={self.shared})"
-
-    def initial_state(self) -> np.ndarray:
-        """The buffer meaning "the loader's own start" (all zeros)."""
-        return np.zeros(self.max_state_bytes, np.uint8)
-
-    def encode(self, state: Any) -> np.ndarray:
-        """``state`` (bytes, or JSON-serialisable) as a buffer of ``max_state_bytes``.
-
-        Raises:
-            TypeError: If it is neither bytes nor JSON-serialisable.
-            ValueError: If it does not fit in ``max_state_bytes``.
-        """
-        if isinstance(state, bytes | bytearray):
-            tag, payload = _BYTES, bytes(state)
-        else:
-            try:
-                tag, payload = _JSON, json.dumps(state, sort_keys=True).encode()
-            except TypeError as err:
-                raise TypeError(
-                    f"Stateful: {type(self.loader).__name__}.get_state() returned a "
-                    f"{type(state).__name__} that is neither bytes nor JSON-serialisable ({err})"
-                ) from None
-        if len(payload) + _HEADER > self.max_state_bytes:
-            raise ValueError(
-                f"Stateful: the state of {type(self.loader).__name__} takes {len(payload)} bytes, "
-                f"more than max_state_bytes={self.max_state_bytes} allows (less {_HEADER}): pass "
-                "a larger max_state_bytes"
-            )
-        buffer = self.initial_state()
-        buffer[0] = tag
-        buffer[1:_HEADER] = np.frombuffer(len(payload).to_bytes(4, "little"), np.uint8)
-        buffer[_HEADER : _HEADER + len(payload)] = np.frombuffer(payload, np.uint8)
-        return buffer
-
-    def decode(self, buffer: np.ndarray) -> Any:
-        """The state a buffer holds; None for :meth:`initial_state`'s."""
-        buffer = np.asarray(buffer, np.uint8)
-        size = int.from_bytes(buffer[1:_HEADER].tobytes(), "little")
-        payload = buffer[_HEADER : _HEADER + size].tobytes()
-        tag = int(buffer[0])
-        if tag == _FRESH:
-            return None
-        return payload if tag == _BYTES else json.loads(payload)
-
-    def _iterate(self) -> Any:
-        if self._iterator is None:
-            found = self.loader if _has_state(self.loader) and _is_iterator(self.loader) else None
-            found = found if found is not None else iter(self.loader)
-            if not _has_state(found):
-                raise TypeError(
-                    f"Stateful: the iterator of {type(self.loader).__name__} "
-                    f"({type(found).__name__}) has no get_state()/set_state()"
-                )
-            self._iterator = found
-            self._start = self.encode(found.get_state())
-        return self._iterator
-
-    def next_batches(self, buffer: np.ndarray, steps: int | None) -> tuple[Any, np.ndarray]:
-        """The next ``steps`` batches (stacked) from the state in ``buffer``, and the state after.
-
-        With ``steps=None``: one batch, not stacked.
-
-        Raises:
-            ValueError: If the loader runs out of batches.
-        """
-        iterator = self._iterate()
-        buffer = np.asarray(buffer, np.uint8)
-        if self._left is None or not np.array_equal(buffer, self._left):
-            wanted = self._start if int(buffer[0]) == _FRESH else buffer
-            if self._left is not None or not np.array_equal(wanted, self._start):
-                iterator.set_state(self.decode(wanted))
-        batches = []
-        for _ in range(steps or 1):
-            try:
-                batches.append(next(iterator))
-            except StopIteration:
-                raise ValueError(
-                    f"Stateful: {type(self.loader).__name__} ran out after {len(batches)} of "
-                    f"{steps or 1} batches: give it enough data for every epoch (for Grain, "
-                    "num_epochs=None repeats the data)"
-                ) from None
-        self._left = self.encode(iterator.get_state())
-        batch = batches[0] if steps is None else jax.tree.map(lambda *xs: np.stack(xs), *batches)
-        return batch, self._left
-
 
 Source = IndexCursor | Stateful
-
-
-def _has_state(obj: Any) -> bool:
-    return callable(getattr(obj, "get_state", None)) and callable(getattr(obj, "set_state", None))
-
-
-def _is_iterator(obj: Any) -> bool:
-    return isinstance(obj, collections.abc.Iterator)
 
 
 def as_source(source: Any) -> Source:
@@ -334,7 +61,7 @@ def as_source(source: Any) -> Source:
     """
     if isinstance(source, IndexCursor | Stateful):
         return source
-    if _has_state(source) or (
+    if has_state(source) or (
         isinstance(source, collections.abc.Iterable) and not isinstance(source, np.ndarray)
     ):
         return Stateful(source)
@@ -464,5 +191,5 @@ def _iterators_of(fn: Any) -> list[tuple[str, Any]]:
     return [
         (name, value)
         for name, value in named.items()
-        if _is_iterator(value) and not _has_state(value) and not isinstance(value, io.IOBase)
+        if is_iterator(value) and not has_state(value) and not isinstance(value, io.IOBase)
     ]

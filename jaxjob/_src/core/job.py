@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -68,7 +69,7 @@ class Job(Context):
             self.add_stop_condition(condition)
         self._nodes_to_checkpoint = list(nodes_to_checkpoint) if nodes_to_checkpoint else None
         self._epoch_counter = False
-        self.data_sources: dict[str, data.Source] = {}
+        self._data_sources: dict[str, data.Source] = {}
 
     def __enter__(self) -> Job:
         super().__enter__()
@@ -133,8 +134,8 @@ class Job(Context):
         Raises:
             TypeError: If ``source`` is not a data source, or ``sharding`` not a
                 ``jax.sharding.Sharding``.
-            ValueError: If ``name`` is not a non-empty string or ``steps`` not
-                None or an int >= 1.
+            ValueError: If ``name`` is not a non-empty string, already fed by
+                ``add_data``, or ``steps`` not None or an int >= 1.
 
         Example:
             >>> import numpy as np, jaxjob
@@ -146,6 +147,11 @@ class Job(Context):
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"add_data: name must be a non-empty string, got {name!r}")
+        if name in self._data_sources:
+            raise ValueError(
+                f"add_data: name {name!r} is already fed by {self._data_sources[name]!r}; "
+                "each name takes one source (one init task and one feed task)"
+            )
         if steps is not None and (not is_int(steps) or steps < 1):
             raise ValueError(f"add_data: steps must be None or an int >= 1, got {steps!r}")
         if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
@@ -158,7 +164,12 @@ class Job(Context):
         self.init_group.add(init, jit=jitted, name=f"data:{name}")
         feed = data.Feed(name, source, key, steps, sharding)
         self.epoch_group.add(feed, jit=False, name=f"data:{name}")
-        self.data_sources[name] = source
+        self._data_sources[name] = source
+
+    @property
+    def data_sources(self) -> Mapping[str, data.Source]:
+        """The sources of :meth:`add_data` by name (read-only)."""
+        return types.MappingProxyType(self._data_sources)
 
     def add_stop_condition(self, condition: StopCondition) -> None:
         """Adds a condition checked after every epoch; the loop stops when any holds.

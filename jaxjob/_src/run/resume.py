@@ -262,11 +262,20 @@ def data_count_error(err: ProcessCountError, job: Job, epoch: int) -> ValueError
 
     A per-process loader's position (:class:`jaxjob.data.Stateful`) cannot be
     split over another number of processes; index-based states are one value
-    for the whole job and never get here.
+    for the whole job and never get here. The message names every host-local
+    leaf of ``err``, the data states and the others.
     """
     states = data.per_process_states(err.leaves, job.data_sources)
     if not states:
         return None
+    own = {f"[{key!r}]" for key in states}
+    others = [leaf for leaf in err.leaves if leaf not in own]
+    also = (
+        f" The other host-local leaves {others} cannot be split over another process count "
+        "either; host_map chooses the saved copy each process gets for them too."
+        if others
+        else ""
+    )
     return ValueError(
         f"cannot resume the data of epoch {epoch}: the per-process loader states {states} "
         f"(jaxjob.data.Stateful) were saved by {err.saved_count} processes but this job has "
@@ -276,5 +285,5 @@ def data_count_error(err: ProcessCountError, job: Job, epoch: int) -> ValueError
         "(jaxjob.data.IndexCursor, or jaxjob.data.Stateful(loader, shared=True) over Grain's "
         "ElasticIterator); or, for a loader that accepts another process's state, pass "
         "CheckpointManager(..., host_map=...) to choose the saved state each process continues "
-        "from (samples may then be read twice or not at all)"
+        "from (samples may then be read twice or not at all)." + also
     )
