@@ -1,6 +1,7 @@
 """JobRunner: the train flow, auto-resume of finished jobs, and the save-error policies."""
 
 import sys
+import time
 
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
@@ -93,7 +94,12 @@ def test_a_background_failure_found_with_a_save_that_cannot_start_is_reported_to
 
     faults.reset()
     monkeypatch.setenv(faults.FAIL_AT_ENV, "save.commit:2,save.copy:3")
-    runner = jaxjob.JobRunner(_counting_job(4), jaxjob.CheckpointManager(str(tmp_path)))
+    job = _counting_job(4)
+    # Epochs of 0.5 s: Orbax's own thread that creates a save's directory and writes its
+    # metadata outlives a save that fails as it starts, and its late error is raised at the
+    # next save; the next save waits for Orbax first, but not for a thread still running.
+    job.epoch_group.add(lambda ws: time.sleep(0.5), jit=False)
+    runner = jaxjob.JobRunner(job, jaxjob.CheckpointManager(str(tmp_path)))
     assert runner.train(jaxjob.Session()) == 4
     assert [e.epoch for e in runner.save_errors] == [1, 2]
     assert runner.checkpoint_manager.committed_epochs() == [0, 3, 4]

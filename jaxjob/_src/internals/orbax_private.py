@@ -72,9 +72,13 @@ from orbax.checkpoint._src.path import async_path, atomicity, atomicity_types
 from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
 
 from jaxjob._src.base import faults, file_table, fs, mounts
+from jaxjob._src.base.log import get_logger
 from jaxjob._src.internals.restore_buffers import read_shard
 
+logger = get_logger(__name__)
+
 __all__ = [
+    "drain_failed_save",
     "FILE_TABLE",
     "TESTED_ORBAX",
     "DurableRename",
@@ -560,3 +564,20 @@ def checkpointer(
 def step_metadata_file(path: str) -> str:
     """The path of Orbax's step metadata file of the checkpoint at ``path`` (Orbax's private)."""
     return os.fspath(checkpoint_metadata.step_metadata_file_path(epath.Path(path)))
+
+
+def drain_failed_save(saver: ocp.AsyncCheckpointer) -> None:
+    """Waits for what Orbax runs in the background for a save that failed as it started.
+
+    Orbax creates a save's directory and writes its metadata in a thread of its own
+    (``create_directories_asynchronously``); when the save then fails as it starts, that
+    thread is not part of any commit, and its write may fail on the directory jaxjob removes.
+    Orbax keeps that error and raises it at the next save, as the next epoch's failure. So the
+    failed save and the next one each wait first (a thread still running then is not waited
+    for: Orbax gives no handle to it). The error belongs to the failed save, whose failure is
+    recorded already: it is logged at DEBUG.
+    """
+    try:
+        saver.wait_until_finished()
+    except Exception as err:  # the failed save's own background work: already reported
+        logger.debug("the background work of a failed save failed too: %s", err)

@@ -274,6 +274,8 @@ class NodeWriter:
     def _start(self, plan: SavePlan) -> CheckpointSaveError | None:
         """Starts the Orbax save on this process; returns its failure, if any."""
         epoch, path, pending = plan.epoch, plan.path, plan.pending
+        if self._pending is None:  # what Orbax still reports now is an earlier failed save's
+            self._drain_saver()
         self._retry_failed()  # what earlier failed saves' threads left after them
         self.last = (path, Stats(epoch, plan.bytes))
         deferred = preemption.DeferredInterrupt()
@@ -288,6 +290,7 @@ class NodeWriter:
             self._pending = None
             saving.discard(path)
             if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
+                self._drain_saver()
                 self._remove_failed(path)
                 put_back(path, pending.superseded)
             failure = self.record_failure(epoch, path, err)
@@ -381,6 +384,14 @@ class NodeWriter:
             return False
         self._saver = None
         return True
+
+    def _drain_saver(self) -> None:
+        """Waits for what Orbax still runs for a save that failed as it started.
+
+        See :func:`~jaxjob._src.internals.orbax_private.drain_failed_save`.
+        """
+        if isinstance(self._saver, ocp.AsyncCheckpointer):
+            orbax_private.drain_failed_save(self._saver)
 
     def _remove_failed(self, path: str) -> None:
         """Removes what the failed save of ``path`` left (and drops its deferred checksums)."""
