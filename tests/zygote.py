@@ -261,16 +261,7 @@ def _fork_child(popen, call: dict, env: dict) -> None:
         except BaseException:
             os._exit(255)
         _exit_as_python(lambda: _run([os.fspath(a) for a in call["args"][1:]]))
-    popen.pid = pid
-    popen._child_created = True
-    popen._close_pipe_fds(
-        call["p2cread"],
-        call["p2cwrite"],
-        call["c2pread"],
-        call["c2pwrite"],
-        call["errread"],
-        call["errwrite"],
-    )
+    _started(popen, call, pid)
 
 
 def _become_child(call: dict, env: dict, streams: list[int]) -> None:
@@ -329,6 +320,16 @@ def _exit_as_python(run) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
+
+
+def _started(popen, call: dict, pid: int) -> None:
+    """What Popen's ``_execute_child`` does in the parent once its child has started."""
+    popen.pid = pid
+    popen._child_created = True
+    popen._close_pipe_fds(
+        *(call[name] for name in ("p2cread", "p2cwrite", "c2pread", "c2pwrite")),
+        *(call[name] for name in ("errread", "errwrite")),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,16 +409,7 @@ class _Client:
         pid = json.loads(zygote.sock.recv(_MAX_MESSAGE))["pid"]
         if pid is None:
             raise RuntimeError(f"the test zygote could not start {call['args']!r}")
-        popen.pid = pid
-        popen._child_created = True
-        popen._close_pipe_fds(
-            call["p2cread"],
-            call["p2cwrite"],
-            call["c2pread"],
-            call["c2pwrite"],
-            call["errread"],
-            call["errwrite"],
-        )
+        _started(popen, call, pid)
 
     def _reap_orphans(self) -> None:
         """Reaps the exited processes this subreaper adopted that no Popen waits for."""
