@@ -136,19 +136,3 @@ def test_an_adopted_orphan_is_reaped():
     while os.path.exists(f"/proc/{orphan}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{orphan}"), "the orphan was left a zombie"
-
-
-def test_jaxjob_launch_forks_its_processes_from_itself():
-    """A launcher the zygote forked forks its processes from itself (it has one thread then):
-    they start with the imports done, are its children, and exit as ``python`` would."""
-    code = "import os, sys; print('orbax.checkpoint' in sys.modules, os.getppid(), flush=True)"
-    launch = [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
-    out = subprocess.run([*launch, "-c", code], capture_output=True, text=True, check=True)
-    lines = sorted(out.stdout.splitlines())
-    assert [line.split()[:2] for line in lines] == [
-        ["[process=0]", "True"],
-        ["[process=1]", "True"],
-    ]
-    assert len({line.split()[2] for line in lines}) == 1  # one parent: the launcher
-    failed = subprocess.run([*launch, "-c", "raise SystemExit(4)"], capture_output=True, text=True)
-    assert failed.returncode == 4 and "exited with status 4" in failed.stderr

@@ -213,113 +213,10 @@ def _zygote_main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     _prctl(_PR_SET_PDEATHSIG, 9)  # the zygote ends with its pytest process
     added = _preload()
-    imported_with = _signature(os.environ)
     sock.send(b"ready")
     argv = _serve(sock)  # returns in a forked program's process only
     _replay_orbax_logging(added)
-    _fork_in_place_from_here(imported_with)
     _run(argv)
-
-
-def _fork_in_place_from_here(imported_with: tuple) -> None:
-    """In a program the zygote forked: its own Python children (``jaxjob launch``'s) fork
-    from it when it has a single thread (``launch`` starts them before any thread of its own),
-    as direct children with everything Popen asked for (its ``preexec_fn`` included)."""
-    original = subprocess.Popen._execute_child
-    names = list(inspect.signature(original).parameters)[1:]
-
-    def execute_child(self, *args):
-        call = dict(zip(names, args, strict=True))
-        env = call["env"] if call["env"] is not None else os.environ
-        env = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
-        if (
-            _eligible(call, preexec=True)
-            and len(os.listdir("/proc/self/task")) == 1
-            and env.get("JAXJOB_TEST_ZYGOTE") != "0"
-            and _signature(env) == imported_with
-        ):
-            _fork_child(self, call, env)
-        else:
-            original(self, *args)
-
-    subprocess.Popen._execute_child = execute_child
-
-
-def _fork_child(popen, call: dict, env: dict) -> None:
-    """Forks ``popen``'s program from this process (no exec); sets its pid as Popen would."""
-    for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
-        with contextlib.suppress(ValueError, OSError):
-            stream.flush()
-    streams = [
-        call[name] if call[name] != -1 else default
-        for name, default in (("p2cread", 0), ("c2pwrite", 1), ("errwrite", 2))
-    ]
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _become_child(call, env, streams)
-        except BaseException:
-            os._exit(255)
-        _exit_as_python(lambda: _run([os.fspath(a) for a in call["args"][1:]]))
-    _started(popen, call, pid)
-
-
-def _become_child(call: dict, env: dict, streams: list[int]) -> None:
-    """What Popen's fork does in the child before its exec."""
-    if call["start_new_session"]:
-        os.setsid()
-    elif call.get("process_group", -1) == 0:
-        os.setpgid(0, 0)
-    high = [os.dup(fd) for fd in streams]  # no stream overwrites another before it is used
-    for target, fd in enumerate(high):
-        os.dup2(fd, target)
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-    if call["cwd"] is not None:
-        os.chdir(call["cwd"])
-    os.environ.clear()
-    os.environ.update(env)
-    if call["preexec_fn"] is not None:
-        call["preexec_fn"]()
-    import random
-
-    import numpy
-
-    random.seed()
-    numpy.random.seed()
-    _set_buffering()
-
-
-def _exit_as_python(run) -> None:
-    """Runs a program, then ends this process as the interpreter would at its end: threads
-    joined, atexit handlers run, streams flushed, the exit status of ``python``."""
-    import atexit
-    import threading
-    import traceback
-
-    code, interrupted = 0, False
-    try:
-        run()
-    except SystemExit as err:
-        code = err.code if isinstance(err.code, int) else 0 if err.code is None else 1
-        if not isinstance(err.code, (int, type(None))):
-            print(err.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        interrupted = True
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(ValueError, OSError):
-            stream.flush()
-    if interrupted:  # as python does for an uncaught KeyboardInterrupt
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code)
 
 
 def _started(popen, call: dict, pid: int) -> None:
@@ -425,15 +322,15 @@ class _Client:
                         os.waitpid(pid, os.WNOHANG)
 
 
-def _eligible(call: dict, *, preexec: bool = False) -> bool:
+def _eligible(call: dict) -> bool:
     """Whether ``Popen(**call)`` runs ``python SCRIPT|-m MODULE|-c CODE`` in a way a fork
-    of this interpreter can reproduce (a ``preexec_fn`` only if ``preexec``)."""
+    of this interpreter can reproduce."""
     args = call["args"]
     if not isinstance(args, (list, tuple)) or len(args) < 2 or call["shell"]:
         return False
     if call["executable"] not in (None, args[0]) or os.fspath(args[0]) != sys.executable:
         return False
-    if (call["preexec_fn"] is not None and not preexec) or call["pass_fds"] or call["umask"] >= 0:
+    if call["preexec_fn"] is not None or call["pass_fds"] or call["umask"] >= 0:
         return False
     if any(call[k] is not None for k in ("gid", "gids", "uid")) or not call["close_fds"]:
         return False
