@@ -238,6 +238,51 @@ LOAD_THEN_SAVE = textwrap.dedent(
 )
 
 
+SLOW_PRIMARY = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import jaxjob
+    jaxjob.distributed.initialize()
+    import jax, jax.numpy as jnp
+    from jaxjob._src.internals import orbax_private
+
+    me = jax.process_index()
+    if me == 0:  # the primary host of the shared node creates each save's directories late
+        create = orbax_private.DurableRename.create
+        async def slow_create(self):
+            await asyncio.sleep(1.0)
+            return await create(self)
+        orbax_private.DurableRename.create = slow_create
+    ckpt = jaxjob.MultiNodeCheckpointManager(
+        sys.argv[1], timeout_s=30, write_timeout_s=15, node_processes={"a": 1}
+    )
+    ckpt.init(["a", "b"], key_nodes={"xa": "a", "xb": "b"})
+    ws = {"xb": jnp.ones(2), **({"xa": jnp.zeros(2)} if me == 1 else {})}
+    errors = []
+    for epoch in range(2):
+        try:
+            ckpt.save(epoch, ws)
+            ckpt.wait_until_finished()
+        except jaxjob.CheckpointSaveError as err:
+            errors.append(str(err))
+    result = {"process": me, "committed": ckpt.committed_epochs(), "errors": errors}
+    print("RESULT", json.dumps(result))
+    """
+)
+
+
+def test_a_private_node_on_one_process_leaves_the_shared_saves_in_step(tmp_path):
+    """Process 1 alone saves node a, so it makes more Orbax saves than process 0: Orbax's
+    per-process save count (which keys its asynchronous directory-creation signals) differs.
+    Process 1 then wrote node b before process 0, its primary host, had created the
+    directories (FileNotFoundError there, process 0 waiting out the write timeout at Orbax's
+    barrier); it must wait for them, however late."""
+    results = _launch_text(tmp_path, SLOW_PRIMARY)
+    for result in results:
+        assert result["errors"] == []
+        assert result["committed"] == [0, 1]
+
+
 def test_a_load_of_another_process_node_keeps_the_processes_in_step(tmp_path):
     """Every process loads every node (one is process 1's own), then saves: every process
     reports the save's stats the same way (no exchange on one process only), and both commit."""

@@ -553,10 +553,13 @@ def checkpointer(
         return ocp.Checkpointer(handler, **kwargs)
     options = ocp.AsyncOptions(
         timeout_secs=max(1, round(async_timeout_s)),
-        # Orbax keys the signals of asynchronous directory creation by a per-process
-        # counter in the job-wide key-value store: the private saves of two processes
-        # would collide.
-        create_directories_asynchronously=not alone,
+        # Orbax keys the signals of asynchronous directory creation in the job-wide
+        # key-value store by a per-process count of saves (of every checkpointer), which
+        # differs between processes as soon as one saves a node another does not (a private
+        # node, a private save): a process then reads another save's signals, or none, and
+        # writes before the primary host has created the directories. In a multi-process
+        # job the directories are created before the save returns, behind a barrier.
+        create_directories_asynchronously=jax.process_count() == 1,
     )
     return ocp.AsyncCheckpointer(handler, async_options=options, **kwargs)
 
