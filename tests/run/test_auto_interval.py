@@ -74,14 +74,19 @@ def test_a_long_mtbf_saves_only_the_first_and_final_epochs(tmp_path, caplog):
 def test_an_mtbf_shorter_than_an_epoch_saves_every_epoch(tmp_path):
     """An MTBF of ~4 ms (under the 0.2 s epoch): every epoch is due.
 
-    With ``window=1`` the interval is the last save's cost plus ~4 ms, and the time since
-    that save started is its cost plus an epoch: due whatever the load.
+    With ``window=1`` the interval is the last save's cost plus Daly's term (the MTBF itself,
+    for a cost over twice the MTBF), and the time since that save started is its cost plus
+    an epoch: due whatever the load.
     """
     auto = jaxjob.AutoInterval(mtbf_hours=1e-6, window=1)
     runner = jaxjob.JobRunner(_job(4, sleep_s=0.2), _manager(tmp_path), save_every=auto)
     assert runner.train(jaxjob.Session()) == 4
     assert runner.checkpoint_manager.committed_epochs() == [0, 1, 2, 3, 4]
-    assert all(r["save_interval_s"] < 0.2 for r in runner.history)
+    for record in runner.history:  # the last save's cost plus the MTBF (3.6 ms): under an epoch
+        cost = record["save_time_s"]
+        interval = daly_interval_s(cost, 1e-6 * 3600) + cost
+        assert record["save_interval_s"] == pytest.approx(interval)
+        assert record["save_interval_s"] < record["epoch_time_s"]
 
 
 def test_the_interval_follows_the_median_of_the_latest_costs():
