@@ -244,15 +244,15 @@ SLOW_PRIMARY = textwrap.dedent(
     import jaxjob
     jaxjob.distributed.initialize()
     import jax, jax.numpy as jnp
-    from jaxjob._src.internals import orbax_private
+    from orbax.checkpoint._src.path import atomicity
 
     me = jax.process_index()
     if me == 0:  # the primary host of the shared node creates each save's directories late
-        create = orbax_private.DurableRename.create
+        create = atomicity.AtomicRenameTemporaryPath.create  # the checkpoint's and its items'
         async def slow_create(self):
             await asyncio.sleep(1.0)
             return await create(self)
-        orbax_private.DurableRename.create = slow_create
+        atomicity.AtomicRenameTemporaryPath.create = slow_create
     ckpt = jaxjob.MultiNodeCheckpointManager(
         sys.argv[1], timeout_s=30, write_timeout_s=15, node_processes={"a": 1}
     )

@@ -118,7 +118,9 @@ def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandle
     atomicity = orbax_private.commit_file_options(path)
     if not (private and jax.process_count() > 1):
         return _Handler(
-            composite_options=ocp.CompositeOptions(atomicity_options=atomicity),
+            composite_options=ocp.CompositeOptions(
+                atomicity_options=atomicity, async_options=orbax_private.directory_options()
+            ),
             **{
                 STATE: ocp.PyTreeCheckpointHandler(**PYTREE_OPTIONS),
                 OUTPUTS: ocp.PyTreeCheckpointHandler(**PYTREE_OPTIONS),
@@ -138,9 +140,7 @@ def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandle
         composite_options=ocp.CompositeOptions(
             multiprocessing_options=options,
             atomicity_options=atomicity,
-            # Orbax keys the signals of asynchronous directory creation by a per-process
-            # counter in the job-wide key-value store: two processes would collide.
-            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+            async_options=orbax_private.directory_options(),  # not in the background
         ),
         **{
             STATE: pytree(),

@@ -87,6 +87,8 @@ __all__ = [
     "ManifestSave",
     "TabledCommitFile",
     "checkpointer",
+    "directories_created_asynchronously",
+    "directory_options",
     "install",
     "private_options",
     "private_registry",
@@ -517,6 +519,25 @@ def private_registry() -> Any:
     )
 
 
+def directories_created_asynchronously() -> bool:
+    """Whether Orbax creates a save's directories in the background: in a 1-process job only.
+
+    Orbax keys the signals of asynchronous directory creation in the job-wide
+    key-value store by a per-process count of saves (of every checkpointer),
+    which differs between processes as soon as one saves what another does not
+    (a node of its own, a private save): a process then reads another save's
+    signals, or none, and writes before the primary host has created the
+    directories. In a multi-process job, checkpointers and their composite
+    handlers create them before the save returns, behind Orbax's barrier.
+    """
+    return jax.process_count() == 1
+
+
+def directory_options() -> ocp.AsyncOptions:
+    """A composite handler's ``async_options``: see :func:`directories_created_asynchronously`."""
+    return ocp.AsyncOptions(create_directories_asynchronously=directories_created_asynchronously())
+
+
 def private_options() -> ocp.options.MultiprocessingOptions:
     """Orbax options making this process the only one that takes part."""
     me = jax.process_index()
@@ -553,13 +574,7 @@ def checkpointer(
         return ocp.Checkpointer(handler, **kwargs)
     options = ocp.AsyncOptions(
         timeout_secs=max(1, round(async_timeout_s)),
-        # Orbax keys the signals of asynchronous directory creation in the job-wide
-        # key-value store by a per-process count of saves (of every checkpointer), which
-        # differs between processes as soon as one saves a node another does not (a private
-        # node, a private save): a process then reads another save's signals, or none, and
-        # writes before the primary host has created the directories. In a multi-process
-        # job the directories are created before the save returns, behind a barrier.
-        create_directories_asynchronously=jax.process_count() == 1,
+        create_directories_asynchronously=directories_created_asynchronously(),
     )
     return ocp.AsyncCheckpointer(handler, async_options=options, **kwargs)
 
