@@ -562,8 +562,9 @@ class JobRunner:
         except (hosts.HostTimeoutError, UnstorableLeafError):
             raise  # the job cannot go on without the other process; no save of it can succeed
         except Exception as err:
-            if earlier_failure(err) is not None:  # the previous save's, found in the same round
-                self._on_save_failure(earlier_failure(err))
+            earlier = earlier_failure(err)  # the previous save's, found in the same round
+            if earlier is not None:
+                self._on_save_failure(earlier)
             if not isinstance(err, CheckpointSaveError) or err.epoch == epoch:
                 where = db_name(epoch, self._nodes()[0], manager.db_prefix)
                 self._on_save_failure(as_save_error(epoch, where, err))
@@ -584,8 +585,9 @@ class JobRunner:
             raise
         except Exception as err:
             where = manager.tier_manager(LOCAL).db_prefix
-            earlier = [earlier_failure(err)] if earlier_failure(err) is not None else []
-            self._failures.local([*earlier, as_save_error(epoch, where, err)], manager)
+            earlier = earlier_failure(err)
+            found = [earlier] if earlier is not None else []
+            self._failures.local([*found, as_save_error(epoch, where, err)], manager)
         self._failures.metadata(manager)  # a persistent epoch's record written meanwhile
 
     def _on_save_failure(self, err: CheckpointSaveError) -> None:
