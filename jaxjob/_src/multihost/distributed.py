@@ -27,6 +27,7 @@ ENV_RECOVERABILITY = "JAX_ENABLE_RECOVERABILITY"  # set: jaxjob leaves JAX's cho
 EXIT_WAIT_S = 30.0  # how long process 0 keeps the service up for the others to leave
 EXIT_GRACE_S = 5.0  # after the last one said it leaves: the most to wait for its disconnect
 _EXIT_KEY = "jaxjob/exit"
+_EXIT_SLICE_S = 0.2  # process 0 checks this often whether the others are all gone
 _CLUSTER_ENV = (
     "SLURM_JOB_ID",
     "OMPI_COMM_WORLD_SIZE",
@@ -112,7 +113,9 @@ def _orderly_exit() -> None:
 
     Process 0 hosts the coordination service, so it leaves last: it waits (at most
     :data:`EXIT_WAIT_S` in all) for each other process's key, then :data:`EXIT_GRACE_S` more
-    for the disconnect that follows the key at once.
+    for the disconnect that follows the key at once. It stops waiting as soon as every
+    other process is gone: one killed earlier (its heartbeat expired) posts no key, and
+    waiting for it would only delay the survivor's exit.
     """
     from jaxjob._src.internals import jax_private
 
@@ -122,42 +125,59 @@ def _orderly_exit() -> None:
         client.key_value_set(f"{_EXIT_KEY}/{me}", "leaving")
         jax.distributed.shutdown()
         return
+    everyone = list(range(jax.process_count()))
+    gone = _others_gone(client, everyone)
     deadline = time.monotonic() + EXIT_WAIT_S
-    for process in range(1, jax.process_count()):
-        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-        try:
-            client.blocking_key_value_get(f"{_EXIT_KEY}/{process}", left_ms)
-        except jax.errors.JaxRuntimeError:
+    for process in everyone[1:]:
+        if not _await_leaving(client, process, gone, deadline):
             logger.warning(
                 "process %d had not finished %.0f s after process 0 did; exiting anyway",
                 process,
                 EXIT_WAIT_S,
             )
             return
-    _await_disconnects(client, list(range(jax.process_count())))
+    if not gone.wait(EXIT_GRACE_S):
+        logger.debug("other processes still connected %.1f s after leaving", EXIT_GRACE_S)
 
 
-def _await_disconnects(client: Any, processes: list[int]) -> None:
-    """Returns once only this process is connected to the service, or after EXIT_GRACE_S.
+def _await_leaving(client: Any, process: int, gone: threading.Event, deadline: float) -> bool:
+    """Waits until ``process`` has posted its exit key, or every other process is gone.
+
+    Returns:
+        False if neither happened before ``deadline``.
+    """
+    key = f"{_EXIT_KEY}/{process}"
+    while not gone.is_set():
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            return False
+        try:  # in slices, to see the others go without a key (killed)
+            client.blocking_key_value_get(key, int(min(left_s, _EXIT_SLICE_S) * 1000) + 1)
+            return True
+        except jax.errors.JaxRuntimeError as err:
+            if "DEADLINE_EXCEEDED" not in str(err):  # the service is gone: nothing to wait for
+                logger.debug("waiting for process %d to leave failed: %r", process, err)
+                return True
+    return True
+
+
+def _others_gone(client: Any, processes: list[int]) -> threading.Event:
+    """An event set once only this process is connected to the service (or it went down).
 
     The service answers ``get_live_nodes`` once every connected process in the
     list has asked it or has disconnected: the others never ask, so it answers
-    when they are gone (in ~1 ms once they are; a fixed pause cost every
-    multi-process job 1 s at exit). It has no timeout of its own, so it is
-    asked from a daemon thread.
+    when they are gone, having left or been found dead (in ~1 ms once they are;
+    a fixed pause cost every multi-process job 1 s at exit). It has no timeout
+    of its own, so it is asked from a daemon thread.
     """
     answered = threading.Event()
-    failed: list[Exception] = []
 
     def ask() -> None:
         try:
             client.get_live_nodes(processes)
         except Exception as err:  # the service went down: nothing left to wait for
-            failed.append(err)
+            logger.debug("waiting for the others to disconnect failed: %r", err)
         answered.set()
 
     threading.Thread(target=ask, name="jaxjob-exit", daemon=True).start()
-    if not answered.wait(EXIT_GRACE_S):
-        logger.debug("other processes still connected %.1f s after leaving", EXIT_GRACE_S)
-    elif failed:
-        logger.debug("waiting for the others to disconnect failed: %r", failed[0])
+    return answered
