@@ -148,6 +148,7 @@ def test_progress_in_a_jupyter_kernel(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     code = f"import sys, runpy\nsys.argv = ['progress_job.py', {str(tmp_path)!r}]\n"
+    code += f"sys.path.insert(0, {os.path.dirname(SCRIPT)!r})\n"  # as `python SCRIPT` would
     code += f"_ = runpy.run_path({SCRIPT!r})"
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
     nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3").execute()

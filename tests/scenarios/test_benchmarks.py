@@ -14,6 +14,8 @@ ROOT = Path(paths.ROOT)
 @pytest.mark.slow
 def test_quick_benchmark_prints_every_row(tmp_path):
     """--quick runs every benchmark and prints a table with a value for each of its 56 rows."""
+    for module in ("torch", "safetensors"):  # the storage rounds compare with them
+        pytest.importorskip(module, reason="needs the [bench] extra: pip install -e '.[bench]'")
     out = tmp_path / "results.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--json", str(out)],
