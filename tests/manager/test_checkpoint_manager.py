@@ -88,12 +88,14 @@ def test_a_step_donating_a_leaf_its_save_still_writes_leaves_the_checkpoint_exac
     x = jnp.zeros(8 * 2**20, jnp.float32)  # 32 MiB: its write and commit outlast the step
     step = jax.jit(lambda a: a + 1, donate_argnums=0)
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    on_cpu = jax.default_backend() == "cpu"  # elsewhere the save writes a host copy
     for epoch in range(3):
         ckpt.save(epoch, {"x": x})
         saved, x = x, step(x)  # donates the buffer the save is writing
         x.block_until_ready()
-        assert not saved.is_deleted()  # not donated: the write still references it
-        assert float(saved[0]) == epoch
+        if on_cpu:
+            assert not saved.is_deleted()  # not donated: the write still references it
+            assert float(saved[0]) == epoch
     ckpt.wait_until_finished()
     for epoch in range(3):
         restored = jaxjob.restore(str(tmp_path), epoch=epoch, leaves=["x"])["x"]
