@@ -7,6 +7,8 @@ running ``jaxjob launch`` must not import Orbax.
 * **The coordination-service client** of ``jax.distributed``, for jaxjob's
   cross-process waits (:mod:`jaxjob._src.multihost.hosts`): JAX has no public
   accessor (Orbax reads it the same way).
+* **Whether a wait of that client timed out** (:func:`timed_out`): its errors are
+  ``JaxRuntimeError`` s whose status shows only in their text.
 * **This process's index before a backend exists**, for the ``[process=i]``
   prefix of every log line: ``jax.process_index()`` initializes a backend,
   ``jax._src.distributed.global_state`` does not.
@@ -18,7 +20,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["distributed_client", "distributed_process_id"]
+__all__ = ["distributed_client", "distributed_process_id", "timed_out"]
 
 
 def distributed_client() -> Any:
@@ -48,3 +50,16 @@ def distributed_process_id() -> int | None:
 
     state = distributed.global_state
     return None if state.client is None else state.process_id
+
+
+def timed_out(err: BaseException) -> bool:
+    """Whether ``err``, raised by a wait of :func:`distributed_client`, is its timeout.
+
+    The client raises ``jax.errors.JaxRuntimeError`` for every failure; the
+    status (``DEADLINE_EXCEEDED``) is only in the message.
+
+    Example:
+        >>> timed_out(RuntimeError("DEADLINE_EXCEEDED: Barrier timed out")), timed_out(OSError())
+        (True, False)
+    """
+    return "DEADLINE_EXCEEDED" in str(err)

@@ -15,6 +15,7 @@ import jax
 
 from jaxjob._src.base.checks import is_int
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.internals import jax_private
 from jaxjob._src.multihost.launch import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
 __all__ = ["initialize"]
@@ -117,8 +118,6 @@ def _orderly_exit() -> None:
     other process is gone: one killed earlier (its heartbeat expired) posts no key, and
     waiting for it would only delay the survivor's exit.
     """
-    from jaxjob._src.internals import jax_private
-
     client = jax_private.distributed_client()
     me = jax.process_index()
     if me != 0:
@@ -155,7 +154,7 @@ def _await_leaving(client: Any, process: int, gone: threading.Event, deadline: f
             client.blocking_key_value_get(key, int(min(left_s, _EXIT_SLICE_S) * 1000) + 1)
             return True
         except jax.errors.JaxRuntimeError as err:
-            if "DEADLINE_EXCEEDED" not in str(err):  # the service is gone: nothing to wait for
+            if not jax_private.timed_out(err):  # the service is gone: nothing to wait for
                 logger.debug("waiting for process %d to leave failed: %r", process, err)
                 return True
     return True

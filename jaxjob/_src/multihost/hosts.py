@@ -81,7 +81,7 @@ def _barrier(client: Any, call: int, what: str, timeout_s: float) -> None:
     try:
         client.wait_at_barrier(f"{_PREFIX}/{call}", max(1, int(timeout_s * 1000)))
     except jax.errors.JaxRuntimeError as err:
-        if "DEADLINE_EXCEEDED" not in str(err):
+        if not jax_private.timed_out(err):
             raise
         raise HostTimeoutError(what, _missing(client, call), timeout_s) from None
 
