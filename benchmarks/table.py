@@ -145,12 +145,12 @@ def build_rows(results):
         _row(
             "tiny 10 x 64 KiB: jaxjob save to commit",
             _med(tiny, "jaxjob", "commit"),
-            "10 ms",
-            0.010,
+            "5 ms",
+            0.005,
             1.0,
         ),
         _row(
-            "tiny 10 x 64 KiB: jaxjob blocked", _med(tiny, "jaxjob", "blocked"), "2 ms", 0.002, 1.0
+            "tiny 10 x 64 KiB: jaxjob blocked", _med(tiny, "jaxjob", "blocked"), "1 ms", 0.001, 1.0
         ),
         _row(
             "tiny 10 x 64 KiB: jaxjob save to commit",
@@ -161,15 +161,15 @@ def build_rows(results):
         _row(
             "tiny 10 x 64 KiB: jaxjob save to commit, a manager's later saves",
             _med(tiny, "jaxjob", "commit_later"),
-            "10 ms",
-            0.010,
+            "5 ms",
+            0.005,
             1.0,
         ),
         _row(
             "tiny 10 x 64 KiB: jaxjob blocked, a manager's later saves",
             _med(tiny, "jaxjob", "blocked_later"),
-            "2 ms",
-            0.002,
+            "1 ms",
+            0.001,
             1.0,
         ),
     ]

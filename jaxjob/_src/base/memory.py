@@ -86,8 +86,12 @@ def _reclaimable(directory: str) -> int:
     return max(0, clean - sum(stat.get(prefix + k, 0) for k in busy))
 
 
-def _cgroup_room() -> int | None:
-    """What this process's cgroup limit leaves (reclaimable page cache aside), or None."""
+def _cgroup_room(reclaim: bool = True) -> int | None:
+    """What this process's cgroup limit leaves (reclaimable page cache aside), or None.
+
+    ``reclaim=False``: without counting the reclaimable page cache as room (a
+    lower bound, without reading ``memory.stat``).
+    """
     rooms = []
     for directory in _cgroup_dirs():
         for limit_file, usage_file in (
@@ -97,7 +101,7 @@ def _cgroup_room() -> int | None:
             limit = _read_int(os.path.join(directory, limit_file))
             usage = _read_int(os.path.join(directory, usage_file))
             if limit is not None and usage is not None and limit < 1 << 60:
-                used = usage - _reclaimable(directory)
+                used = usage - (_reclaimable(directory) if reclaim else 0)
                 rooms.append(max(0, limit - used))
     return min(rooms) if rooms else None
 
@@ -110,7 +114,11 @@ def available_bytes() -> int | None:
         >>> room is None or room >= 0
         True
     """
-    known = [n for n in (_mem_available(), _cgroup_room()) if n is not None]
+    return _room(reclaim=True)
+
+
+def _room(*, reclaim: bool) -> int | None:
+    known = [n for n in (_mem_available(), _cgroup_room(reclaim)) if n is not None]
     return min(known) if known else None
 
 
@@ -120,8 +128,11 @@ def check_room(nbytes: int, what: str) -> None:
     Raises:
         MemoryError: Giving the bytes needed and the bytes available.
     """
-    room = available_bytes()
     need = int(SAVE_OVERHEAD * nbytes)
+    lower = _room(reclaim=False)  # enough without reading memory.stat: the usual case
+    if lower is None or need <= lower:
+        return
+    room = available_bytes()
     if room is None or need <= room:
         return
     raise MemoryError(

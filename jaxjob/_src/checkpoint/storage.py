@@ -20,6 +20,8 @@ when reading.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -48,6 +50,8 @@ __all__ = [
     "OUTPUTS",
     "STATE",
     "composite_handler",
+    "copied",
+    "pass_copy_point",
     "encode",
     "nbytes",
     "save_args",
@@ -82,11 +86,36 @@ class _FailPoint:
         faults.point(self.name)
 
 
+_COPIED = contextvars.ContextVar("jaxjob_save_copied", default=False)
+
+
+def pass_copy_point(local: bool) -> None:
+    """Passes the fail point of a save's copy as it starts (a local-tier copy's, or not)."""
+    if local:
+        faults.point("local.save.copy")
+    else:
+        faults.point("save.copy")
+
+
+@contextlib.contextmanager
+def copied() -> Any:
+    """Within it, saves do not pass the copy's fail point: their caller passed it.
+
+    A small save started on a worker thread is copied by the training
+    thread, which passes :func:`pass_copy_point` there.
+    """
+    token = _COPIED.set(True)
+    try:
+        yield
+    finally:
+        _COPIED.reset(token)
+
+
 class _Handler(ocp.CompositeCheckpointHandler):
     """Orbax's composite handler with the save's fail points.
 
     ``save.copy`` as the device-to-host copy starts (``local.save.copy`` in a
-    local-tier copy, and so on); Orbax's background thread
+    local-tier copy, and so on; not within :func:`copied`); Orbax's background thread
     waits on the returned futures in order, so the first one passes
     ``save.write`` as it starts waiting for the write, the last one
     ``save.commit`` once every write is done and before the commit.
@@ -95,10 +124,8 @@ class _Handler(ocp.CompositeCheckpointHandler):
     local = False  # a local-tier copy's: its fail points are local.save.*
 
     async def async_save(self, directory: Any, args: Any) -> list[Any]:
-        if self.local:
-            faults.point("local.save.copy")
-        else:
-            faults.point("save.copy")
+        if not _COPIED.get():
+            pass_copy_point(self.local)
         futures = await super().async_save(directory, args) or []
         if self.local:
             return [_FailPoint("local.save.write"), *futures, _FailPoint("local.save.commit")]
@@ -155,8 +182,11 @@ def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandle
 def nbytes(tree: Any) -> int:
     """Bytes of the array leaves of ``tree`` that this process holds."""
     total = 0
+    one_process = jax.process_count() == 1  # every shard is this process's
     for leaf in jax.tree.leaves(tree):
-        if isinstance(leaf, jax.Array):
+        if isinstance(leaf, jax.Array) and one_process:
+            total += leaf.nbytes
+        elif isinstance(leaf, jax.Array):
             total += sum(s.data.nbytes for s in leaf.addressable_shards if s.replica_id == 0)
         else:
             total += np.asarray(leaf).nbytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from typing import Any
@@ -24,6 +25,7 @@ class Pending:
     superseded: str | None = None
     deadline: float | None = None  # on object stores: when its background write has failed
     starting: bool = False  # Orbax's save() has not returned: an interrupt may have stopped it
+    start: concurrent.futures.Future | None = None  # a small save's start on the worker thread
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ the save in flight. Failures are recorded in :attr:`NodeWriter.failures`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ from jaxjob._src.checkpoint import manifest, run_identity, storage
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace
 from jaxjob._src.internals import orbax_private
-from jaxjob._src.manager import boundary, lock, retention
+from jaxjob._src.manager import background_start, boundary, lock, retention
 from jaxjob._src.manager.orbax_log import saving
 from jaxjob._src.manager.reader import NodeReader
 from jaxjob._src.manager.records import (
@@ -278,14 +279,20 @@ class NodeWriter:
             self._drain_saver()
         self._retry_failed()  # what earlier failed saves' threads left after them
         self.last = (path, Stats(epoch, plan.bytes))
+        background = background_start.eligible(path, plan.bytes, async_save=self.options.async_save)
         deferred = preemption.DeferredInterrupt()
         try:
-            args = storage.save_args(plan.encoded, plan.found)
-            logger.debug("Saving epoch %d to %s", epoch, path)
             saving.add(path)
             pending.starting, self._pending = True, pending  # a KeyboardInterrupt finishes it
-            with deferred:  # Ctrl-C is raised once Orbax has started the save
-                pending.deadline = storage.start_bounded(self._get_saver(), path, args, plan.bytes)
+            with deferred:  # Ctrl-C is raised once Orbax (or its worker thread) has the save
+                if background:
+                    pending.start = self._start_in_background(plan)
+                else:
+                    args = storage.save_args(plan.encoded, plan.found)
+                    logger.debug("Saving epoch %d to %s", epoch, path)
+                    saver = self._get_saver()
+                    with background_start.exclusive():  # not beside a small save's start
+                        pending.deadline = storage.start_bounded(saver, path, args, plan.bytes)
         except Exception as err:
             self._pending = None
             saving.discard(path)
@@ -302,6 +309,28 @@ class NodeWriter:
         self.last = (path, dataclasses.replace(self.last[1], duration_s=duration))
         deferred.raise_if_received()  # the save is in flight: train completes it
         return None
+
+    def _start_in_background(self, plan: SavePlan) -> concurrent.futures.Future:
+        """Copies the leaves, then starts their Orbax save on the worker thread; its future.
+
+        See :mod:`~jaxjob._src.manager.background_start`: :meth:`finish`
+        reports a failure of the start like one of the write.
+        """
+        storage.pass_copy_point(self.tier == "local")  # the copy is made here
+        detached = background_start.detach(plan.encoded)
+        saver, path, found, nbytes = self._get_saver(), plan.path, plan.found, plan.bytes
+
+        def start() -> None:
+            try:
+                args = storage.save_args(detached, found)
+                logger.debug("Saving epoch %d to %s (worker thread)", plan.epoch, path)
+                with storage.copied():
+                    storage.start_bounded(saver, path, args, nbytes)
+            except Exception:
+                orbax_private.drain_failed_save(saver)
+                raise
+
+        return background_start.submit(start)
 
     def _get_saver(self) -> ocp.Checkpointer:
         if self._saver is None:
@@ -341,6 +370,9 @@ class NodeWriter:
             return None
         deferred = preemption.DeferredInterrupt()
         try:
+            if pending.start is not None:  # started on the worker thread
+                with deferred:
+                    pending.start.result()
             if isinstance(self._saver, ocp.AsyncCheckpointer):
                 with deferred:  # Ctrl-C is raised once the save is done
                     if pending.deadline is None:
@@ -418,7 +450,13 @@ class NodeWriter:
         return loaded
 
     def close(self) -> None:
-        """Releases Orbax's resources and the lock, without waiting for a save in flight."""
+        """Releases Orbax's resources and the lock, without waiting for a save in flight.
+
+        A save still starting on the worker thread is let start first (Orbax's
+        resources are not released under it).
+        """
+        if self._pending is not None and self._pending.start is not None:
+            concurrent.futures.wait([self._pending.start])
         if self._saver is not None:
             self._saver.close()
         self._saver = None
