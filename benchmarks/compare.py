@@ -57,10 +57,12 @@ def _figures(kind, result):
             "jobrunner / hand_orbax": result["jobrunner"] / result["hand_orbax"],
         }
     j = result["jaxjob"]
-    found = {f"jaxjob {k}": j[k] for k in ("blocked", "commit", "blocked_later", "commit_later")}
+    keys = ("blocked", "commit", "blocked_later", "commit_later", "restore", "restore_one")
+    found = {f"jaxjob {k}": j[k] for k in keys if k in j}  # later saves: tiny only
     found["blocked / commit"] = j["blocked"] / j["commit"]
     found["commit / write+fsync"] = j["commit"] / result["limits"]["write_fsync"]
-    return {k: v for k, v in found.items() if v is not None}
+    found["restore / page-cache read"] = j["restore"] / result["limits"]["page_cache_read"]
+    return found
 
 
 def main():
