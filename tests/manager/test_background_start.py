@@ -98,3 +98,19 @@ def test_a_failed_start_on_the_worker_thread_is_reported_and_keeps_what_was_comm
         assert ckpt.committed_epochs() == [0, 2]
     finally:
         disks.unmount(disk)
+
+
+def test_a_forked_child_makes_its_own_worker_thread(tmp_path):
+    """The worker thread is not copied by fork: a child that saved through the parent's would
+    wait forever, so the child forgets it (and its lock) and makes its own on first use."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"x": jnp.arange(3.0)})  # the parent's worker thread exists now
+    ckpt.wait_until_finished()
+    assert background_start._executor is not None
+    pid = os.fork()
+    if pid == 0:  # the child: no JAX here, only the module's state
+        fresh = background_start._executor is None and not background_start._LOCK.locked()
+        os._exit(0 if fresh else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    ckpt.close()

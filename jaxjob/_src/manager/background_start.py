@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -109,6 +110,16 @@ def submit(start: Callable[[], None]) -> concurrent.futures.Future:
 def _run(start: Callable[[], None]) -> None:
     with _LOCK:
         start()
+
+
+def _forget_in_child() -> None:
+    """A forked child has none of the parent's threads: its first small save makes its own."""
+    global _executor, _LOCK, _made
+    _executor, _LOCK, _made = None, threading.Lock(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 @contextlib.contextmanager
