@@ -24,7 +24,7 @@ import contextlib
 import contextvars
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -51,9 +51,9 @@ __all__ = [
     "STATE",
     "composite_handler",
     "copied",
-    "pass_copy_point",
     "encode",
     "nbytes",
+    "pass_copy_point",
     "save_args",
     "start_bounded",
     "wait_bounded",
@@ -98,7 +98,7 @@ def pass_copy_point(local: bool) -> None:
 
 
 @contextlib.contextmanager
-def copied() -> Any:
+def copied() -> Iterator[None]:
     """Within it, saves do not pass the copy's fail point: their caller passed it.
 
     A small save started on a worker thread is copied by the training
@@ -184,12 +184,12 @@ def nbytes(tree: Any) -> int:
     total = 0
     one_process = jax.process_count() == 1  # every shard is this process's
     for leaf in jax.tree.leaves(tree):
-        if isinstance(leaf, jax.Array) and one_process:
-            total += leaf.nbytes
-        elif isinstance(leaf, jax.Array):
-            total += sum(s.data.nbytes for s in leaf.addressable_shards if s.replica_id == 0)
-        else:
+        if not isinstance(leaf, jax.Array):
             total += np.asarray(leaf).nbytes
+        elif one_process:
+            total += leaf.nbytes
+        else:
+            total += sum(s.data.nbytes for s in leaf.addressable_shards if s.replica_id == 0)
     return total
 
 
