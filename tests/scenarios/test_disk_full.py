@@ -131,3 +131,24 @@ def test_what_a_failed_save_left_after_its_removal_goes_at_the_next_save_and_at_
     assert not late.exists()
     assert _listing(tmp_path, history=False) == ["local.0", "local.2"]
     assert ckpt.committed_epochs() == [0, 2]
+
+
+def test_a_failed_write_surfaces_once_the_saves_other_writes_are_done(tmp_path, monkeypatch):
+    """An injected write failure while a 32 MiB leaf is still being written: the failure
+    surfaces only once every write of that save is done, so the removal of its temporary
+    directory is final: nothing of it is left, neither then nor once ``close()`` returns
+    (the write went on after the failure and made the directory again)."""
+    import jax.numpy as jnp
+
+    monkeypatch.setenv(faults.FAIL_AT_ENV, "save.write:2")  # the save of epoch 1 fails
+    rng = np.random.default_rng(0)
+    ws = {"big": jnp.asarray(rng.random(8 << 20, dtype=np.float32))}
+    ws |= {f"small{i}": jnp.asarray(rng.random(1 << 16, dtype=np.float32)) for i in range(16)}
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, ws)
+    ckpt.save(1, ws)
+    with pytest.raises(jaxjob.CheckpointSaveError, match="epoch 1 .*injected I/O error"):
+        ckpt.wait_until_finished()
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("local.")) == ["local.0"]
+    ckpt.close()
+    assert _listing(tmp_path, history=False) == ["local.0"]

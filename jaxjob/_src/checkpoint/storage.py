@@ -44,6 +44,7 @@ from jaxjob._src.checkpoint.manifest import (
     Manifest,
     same_devices,
 )
+from jaxjob._src.checkpoint.settled import Settled
 from jaxjob._src.internals import orbax_files, orbax_private
 
 __all__ = [
@@ -118,7 +119,9 @@ class _Handler(ocp.CompositeCheckpointHandler):
     local-tier copy, and so on; not within :func:`copied`); Orbax's background thread
     waits on the returned futures in order, so the first one passes
     ``save.write`` as it starts waiting for the write, the last one
-    ``save.commit`` once every write is done and before the commit.
+    ``save.commit`` once every write is done and before the commit. The
+    writes are waited for together (:class:`~jaxjob._src.checkpoint.settled.Settled`):
+    a failure surfaces once no write of that save runs any more.
     """
 
     local = False  # a local-tier copy's: its fail points are local.save.*
@@ -127,9 +130,9 @@ class _Handler(ocp.CompositeCheckpointHandler):
         if not _COPIED.get():
             pass_copy_point(self.local)
         futures = await super().async_save(directory, args) or []
-        if self.local:
-            return [_FailPoint("local.save.write"), *futures, _FailPoint("local.save.commit")]
-        return [_FailPoint("save.write"), *futures, _FailPoint("save.commit")]
+        tier = "local.save" if self.local else "save"
+        writes = Settled([_FailPoint(f"{tier}.write"), *futures])  # all done before a failure
+        return [writes, _FailPoint(f"{tier}.commit")]
 
 
 @ocp.args.register_with_handler(_Handler, for_save=True, for_restore=True)
