@@ -17,7 +17,8 @@ MODULES = 92  # .py files under jaxjob/_src, the layers' __init__.py included
 # layer -> the layers its modules may import ("internals.jax_private": that module only)
 ALLOWED = {
     "internals.jax_private": set(),
-    "internals.orbax_private": {"base", "internals.restore_buffers"},
+    "internals.orbax_private": {"base", "internals.restore_buffers", "internals.commit_barrier"},
+    "internals.commit_barrier": {"base", "internals.jax_private"},
     "internals.orbax_files": {"base", "internals.orbax_private"},
     "internals.restore_buffers": set(),  # NumPy and TensorStore only
     "base": {"internals.jax_private"},  # log.py: the process index of each line

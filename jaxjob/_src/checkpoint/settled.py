@@ -11,18 +11,32 @@ created the directory again and left it behind (seen under a full tmpfs).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from jaxjob._src.base import faults
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.checkpoint.layout import get_ckpt_filename, parse_name
+from jaxjob._src.internals import commit_barrier
 
-__all__ = ["Settled"]
+__all__ = ["FailPoint", "Settled", "post_failure"]
 
 logger = get_logger(__name__)
 
 
 class _Future(Protocol):
     def result(self, timeout: float | None = None) -> Any: ...
+
+
+class FailPoint:
+    """A commit future whose wait passes the fail point ``name`` (see ``base.faults``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def result(self, timeout: float | None = None) -> None:
+        """Passes the fail point."""
+        faults.point(self.name)
 
 
 class Settled:
@@ -41,8 +55,15 @@ class Settled:
         disk full True
     """
 
-    def __init__(self, futures: Sequence[_Future]) -> None:
+    def __init__(
+        self,
+        futures: Sequence[_Future],
+        *,
+        on_failure: Callable[[Exception], None] | None = None,
+    ) -> None:
+        """Waits for ``futures``; ``on_failure`` hears of the first failure before it is raised."""
         self._futures = list(futures)
+        self._on_failure = on_failure
 
     def result(self, timeout: float | None = None) -> None:
         """Waits for every future (within ``timeout`` seconds in all); raises the first failure.
@@ -62,4 +83,17 @@ class Settled:
                 else:
                     logger.debug("another write of the failed save failed too: %s", err)
         if first is not None:
+            if self._on_failure is not None:
+                self._on_failure(first)
             raise first
+
+
+def post_failure(directory: Any) -> Callable[[Exception], None]:
+    """Where a shared save into ``directory`` (its temporary one) posts its failed write.
+
+    The other processes of the job wait for this process's write at Orbax's
+    barrier, which then ends at once (:mod:`~jaxjob._src.internals.commit_barrier`).
+    """
+    entry = parse_name(str(directory).rstrip("/").rpartition("/")[2])
+    name = get_ckpt_filename(entry.node, entry.epoch) if entry else str(directory)
+    return lambda err: commit_barrier.post_failure(name, err)

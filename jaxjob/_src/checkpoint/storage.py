@@ -34,7 +34,7 @@ import orbax.checkpoint as ocp
 from jaxjob._src.base import faults, fs
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.base.leaves import Kind
-from jaxjob._src.checkpoint import checksum, codec, hostlocal, keypaths, leaf_check
+from jaxjob._src.checkpoint import checksum, codec, hostlocal, keypaths, leaf_check, settled
 from jaxjob._src.checkpoint import targets as targets_lib
 from jaxjob._src.checkpoint.manifest import (
     MANIFEST_FILE,
@@ -44,7 +44,6 @@ from jaxjob._src.checkpoint.manifest import (
     Manifest,
     same_devices,
 )
-from jaxjob._src.checkpoint.settled import Settled
 from jaxjob._src.internals import orbax_files, orbax_private
 
 __all__ = [
@@ -75,16 +74,6 @@ def codec_for(private: bool, tier: str = "persistent") -> codec.Codec:
     if private and tier == "local":
         return codec.LocalCodec()
     return codec.PrivateCodec() if private else codec.SharedCodec()
-
-
-class _FailPoint:
-    """A commit future whose wait passes the fail point ``name`` (``base.faults``)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def result(self, timeout: float | None = None) -> None:
-        faults.point(self.name)
 
 
 _COPIED = contextvars.ContextVar("jaxjob_save_copied", default=False)
@@ -125,14 +114,16 @@ class _Handler(ocp.CompositeCheckpointHandler):
     """
 
     local = False  # a local-tier copy's: its fail points are local.save.*
+    shared = False  # a shared save of a multi-process job: a failed write ends its barrier
 
     async def async_save(self, directory: Any, args: Any) -> list[Any]:
         if not _COPIED.get():
             pass_copy_point(self.local)
         futures = await super().async_save(directory, args) or []
         tier = "local.save" if self.local else "save"
-        writes = Settled([_FailPoint(f"{tier}.write"), *futures])  # all done before a failure
-        return [writes, _FailPoint(f"{tier}.commit")]
+        failed = settled.post_failure(directory) if self.shared else None
+        writes = settled.Settled([settled.FailPoint(f"{tier}.write"), *futures], on_failure=failed)
+        return [writes, settled.FailPoint(f"{tier}.commit")]
 
 
 @ocp.args.register_with_handler(_Handler, for_save=True, for_restore=True)
@@ -147,7 +138,7 @@ def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandle
     """
     atomicity = orbax_private.commit_file_options(path)
     if not (private and jax.process_count() > 1):
-        return _Handler(
+        shared = _Handler(
             composite_options=ocp.CompositeOptions(
                 atomicity_options=atomicity, async_options=orbax_private.directory_options()
             ),
@@ -157,6 +148,8 @@ def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandle
                 MANIFEST_ITEM: orbax_private.ManifestHandler(MANIFEST_FILE),
             },
         )
+        shared.shared = jax.process_count() > 1
+        return shared
     options, registry = orbax_private.private_options(), orbax_private.private_registry()
 
     def pytree() -> ocp.PyTreeCheckpointHandler:

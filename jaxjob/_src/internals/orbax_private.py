@@ -74,6 +74,7 @@ from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
 
 from jaxjob._src.base import faults, file_table, fs, mounts
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.internals import commit_barrier
 from jaxjob._src.internals.restore_buffers import read_shard
 
 logger = get_logger(__name__)
@@ -575,7 +576,10 @@ def checkpointer(
         handler: The composite handler of a checkpoint directory.
         private: This process alone takes part (in a multi-process job).
         async_timeout_s: Make an ``AsyncCheckpointer`` whose background
-            write may take this long; None: a synchronous one.
+            write may take this long; None: a synchronous one. A shared one of
+            a multi-process job waits at jaxjob's barriers
+            (:mod:`~jaxjob._src.internals.commit_barrier`), which end as soon as
+            a process's write fails.
     """
     install()
     kwargs = _commit_options(path)
@@ -584,9 +588,11 @@ def checkpointer(
         kwargs["multiprocessing_options"] = private_options()
     if async_timeout_s is None:
         return ocp.Checkpointer(handler, **kwargs)
+    shared = not private and jax.process_count() > 1  # its barriers end on a failed write
     options = ocp.AsyncOptions(
         timeout_secs=max(1, round(async_timeout_s)),
         create_directories_asynchronously=directories_created_asynchronously(),
+        barrier_sync_fn=commit_barrier.wait if shared else None,
     )
     return ocp.AsyncCheckpointer(handler, async_options=options, **kwargs)
 
