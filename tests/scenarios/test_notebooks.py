@@ -2,6 +2,7 @@
 
 import os
 import re
+import tempfile
 import time
 
 import nbformat
@@ -13,12 +14,16 @@ NOTEBOOKS = os.path.join(paths.ROOT, "notebooks")
 
 
 def _execute(name):
+    """Runs the notebook in a fresh kernel whose temporary directory must be empty at its end."""
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
     start = time.perf_counter()
     client = NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": NOTEBOOKS}}
     )
-    client.execute()
+    tmp = tempfile.mkdtemp(prefix=f"{name}-tmp-")
+    client.execute(env={**os.environ, "TMPDIR": tmp})
+    assert os.listdir(tmp) == [], f"{name} left {os.listdir(tmp)} in its temporary directory"
+    os.rmdir(tmp)
     return nb, time.perf_counter() - start
 
 

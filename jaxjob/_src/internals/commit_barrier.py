@@ -28,17 +28,13 @@ import jax
 
 from jaxjob._src.internals import jax_private
 
-__all__ = ["WRITE_BARRIER", "CommitBarrierError", "post_failure", "wait", "write_directory"]
+__all__ = ["WRITE_BARRIER", "post_failure", "wait", "write_directory"]
 
 WRITE_BARRIER = "async_write_complete"  # Orbax's barrier between the writes and the commit
 _PREFIX = "jaxjob_commit"
 _POLL_S = (0.002, 0.1)  # the first and the longest pause between two looks
 _uses: collections.Counter[str] = collections.Counter()
 _lock = threading.Lock()
-
-
-class CommitBarrierError(RuntimeError):
-    """A shared save's barrier ended: another process's write failed, or one never came."""
 
 
 def _use(key: str) -> int:
@@ -74,9 +70,10 @@ def wait(*, key: str, timeout_ms: int) -> None:
     """Orbax's ``barrier_sync_fn``: returns once every process came to the barrier ``key``.
 
     Raises:
-        CommitBarrierError: At once if a process posted the failure of its
-            write for this barrier (naming it and its error), or once
-            ``timeout_ms`` have passed (naming the processes that never came).
+        RuntimeError: At once if a process posted the failure of its write
+            for this barrier (naming it and its error).
+        TimeoutError: Once ``timeout_ms`` have passed (naming the processes
+            that never came), as Orbax's own barrier did.
     """
     client, me, count = jax_private.distributed_client(), jax.process_index(), jax.process_count()
     root = f"{_PREFIX}/{key}/{_use(key)}"
@@ -87,7 +84,7 @@ def wait(*, key: str, timeout_ms: int) -> None:
     while True:
         failed = client.key_value_dir_get(failures) if failures else []
         if failed:
-            raise CommitBarrierError(_failed_message(key, failed))
+            raise RuntimeError(_failed_message(key, failed))
         arrived = {
             int(k.rpartition("/")[2]) for k, _ in client.key_value_dir_get(f"{root}/arrived/")
         }
@@ -95,7 +92,7 @@ def wait(*, key: str, timeout_ms: int) -> None:
             return
         if time.monotonic() > deadline:
             missing = sorted(set(range(count)) - arrived)
-            raise CommitBarrierError(
+            raise TimeoutError(
                 f"the save's barrier {key!r} timed out after {timeout_ms / 1000:g} s: processes "
                 f"{missing} never finished their writes (see write_timeout_s)"
             )
