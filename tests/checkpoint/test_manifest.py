@@ -105,8 +105,13 @@ CRAFTED = {
     **{
         f"{field} null": (_set(field, None), rf"{field} is null")
         for field in FIELDS
-        if field != "owner_process"
+        if field not in ("owner_process", "resumed_from")  # null: no process, from scratch
     },
+    "life not hex": (_set("life", "not-a-life"), r'life is "not-a-life", expected 32 hex digits'),
+    "life a number": (_set("life", 5), r"life is 5"),
+    "resumed_from negative": (_set("resumed_from", -1), r"resumed_from is -1, expected null or"),
+    "resumed_from a float": (_set("resumed_from", 1.0), r"resumed_from is 1.0"),
+    "resumed_from a string": (_set("resumed_from", "3"), r'resumed_from is "3"'),
     "unknown field": (_set("module", "os"), r"has unknown \['module'\]"),
     "epoch a string": (_set("epoch", "0"), r'epoch is "0", expected an int >= 0'),
     "epoch a float": (_set("epoch", 0.0), r"epoch is 0.0"),
@@ -365,10 +370,10 @@ def test_a_manifest_that_is_not_an_object_is_corrupt(tmp_path, text, match):
 @pytest.mark.parametrize(
     "found, match",
     [
-        (6, r"has checkpoint format 6; this jaxjob reads format 7 \(write it again with this"),
-        (5, r"has checkpoint format 5; this jaxjob reads format 7 \(write it again with this"),
-        (1, r"has checkpoint format 1; this jaxjob reads format 7 \(write it again"),
-        (8, r"has checkpoint format 8; this jaxjob reads format 7 \(it was written by a newer"),
+        (6, r"has checkpoint format 6; this jaxjob reads format 8 \(write it again with this"),
+        (5, r"has checkpoint format 5; this jaxjob reads format 8 \(write it again with this"),
+        (1, r"has checkpoint format 1; this jaxjob reads format 8 \(write it again"),
+        (9, r"has checkpoint format 9; this jaxjob reads format 8 \(it was written by a newer"),
     ],
 )
 def test_another_format_is_refused_naming_both(doc, tmp_path, found, match):
@@ -378,6 +383,46 @@ def test_another_format_is_refused_naming_both(doc, tmp_path, found, match):
     with pytest.raises(ValueError, match=match) as info:
         manifest.read(path)
     assert not isinstance(info.value, jaxjob.CorruptCheckpointError)
+
+
+def test_a_format_7_manifest_reads_without_a_lineage(doc, tmp_path):
+    """A format-7 document (no life, no resumed_from) reads, both None; with them it is corrupt."""
+    old = {k: v for k, v in copy.deepcopy(doc).items() if k not in schema.LINEAGE}
+    path = str(tmp_path / "local.0")
+    _write(path, {**old, "format": 7})
+    found = manifest.read(path)
+    assert (found.life, found.resumed_from, found.run) == (None, None, doc["run"])
+    _write(path, {**copy.deepcopy(doc), "format": 7})
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=r"has unknown \['life', 'resume"):
+        manifest.read(path)
+
+
+def test_every_save_records_a_life_and_no_resume(saved):
+    """A manager's saves (no runner) record one life of its own and no resumed epoch."""
+    found = [manifest.read(os.path.join(saved, f"local.{e}")) for e in (0, 1)]
+    assert found[0].life == found[1].life and schema.RUN_ID.fullmatch(found[0].life)
+    assert found[0].resumed_from is None
+
+
+@pytest.mark.parametrize("offset", [0, 40, -20])
+def test_a_byte_of_the_manifest_that_is_not_utf8_is_corrupt_naming_the_file(
+    saved, tmp_path, offset
+):
+    """A flipped byte making the manifest invalid UTF-8: corrupt, naming the manifest file."""
+    prefix = _copy_prefix(saved, tmp_path)
+    path = os.path.join(prefix, "local.0")
+    with open(_file(path), "r+b") as f:
+        f.seek(offset, os.SEEK_SET if offset >= 0 else os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] | 0x80]))  # a lone continuation byte or lead byte: not UTF-8
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=r"manifest .*manifest.json") as info:
+        manifest.read(path)
+    assert "not UTF-8" in str(info.value)
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=r"manifest.json"):
+        jaxjob.restore(prefix, epoch=0)
+    (line,) = verify.verify(path)
+    assert "manifest.json" in line
 
 
 # ---- the directory's name and the run ------------------------------------------------------------
@@ -452,11 +497,17 @@ def test_a_checkpoint_copied_from_another_run_is_refused_through_its_db_prefix(s
     assert "copied from another run" in line
     (line,) = verify.verify(prefix)  # jaxjob verify DIR: each checkpoint against the run
     assert "copied from another run" in line and "local.1" in line
-    assert verify.verify(os.path.join(prefix, "local.1")) == []  # alone: its own run's
+    (line,) = verify.verify(os.path.join(prefix, "local.1"))  # inside the prefix: its run
+    assert "copied from another run" in line and "local.1" in line
     ckpt.set_params(nodes=["local"])
     assert ckpt.get_resume_from_epoch_id() == 0
     assert jaxjob.restore(prefix, epoch=0)["i"] == 70  # the run's own epoch is untouched
-    assert jaxjob.restore(os.path.join(prefix, "local.1"))["i"] == 14  # alone: its own run's
+    with pytest.raises(jaxjob.CorruptCheckpointError, match=expected):
+        jaxjob.restore(os.path.join(prefix, "local.1"))  # the directory inside the prefix too
+    alone = str(tmp_path / "alone" / "local.1")
+    shutil.copytree(os.path.join(prefix, "local.1"), alone)
+    assert verify.verify(alone) == []  # a directory of its own: its own run's
+    assert jaxjob.restore(alone)["i"] == 14
 
 
 @pytest.mark.parametrize(

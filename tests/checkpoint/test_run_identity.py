@@ -1,5 +1,6 @@
 """Run identity: one id per db_prefix, kept beside the locks, recorded in every checkpoint."""
 
+import json
 import os
 import shutil
 import threading
@@ -98,3 +99,28 @@ def test_a_damaged_run_file_is_named_with_its_fix(tmp_path, text):
         jaxjob.restore(prefix)
     os.remove(run_identity.run_file(prefix))
     assert jaxjob.restore(prefix)["x"].tolist() == [1.0, 1.0]
+
+
+def test_the_evidence_is_the_run_file_then_the_log_then_the_manifests(tmp_path):
+    """Each record is used only when those before it are gone; a log not UTF-8 is passed over."""
+    prefix = str(tmp_path)
+    _save(prefix, [0, 1])
+    run = run_identity.read(prefix)
+    handler = jaxjob.DiskMetadataHandler()
+    handler.set_params(db_prefix=prefix, db_type="orbax", node_names=["local"])
+    handler.write(1)
+    log = os.path.join(prefix, run_identity.LOG_FILE)
+    with open(log) as f:
+        assert json.loads(f.readline())["run"] == run  # every commit record names the run
+    assert run_identity.evidence(prefix) == (run, run_identity.run_file(prefix))
+    os.remove(run_identity.run_file(prefix))
+    assert run_identity.evidence(prefix) == (run, f"the metadata log {log}")
+    with open(log, "wb") as f:
+        f.write(b"\xff\xfe not a log")
+    assert run_identity.evidence(prefix)[0] == run  # the two manifests agree
+    os.remove(log)
+    os.symlink("/dev/zero", log)  # endless: never read (a save's first adoption would hang)
+    assert run_identity.evidence(prefix)[0] == run
+    shutil.rmtree(os.path.join(prefix, "local.0"))
+    shutil.rmtree(os.path.join(prefix, "local.1"))
+    assert run_identity.evidence(prefix) == (None, "")  # nothing left: a new run may start

@@ -103,7 +103,8 @@ def test_an_older_format_is_refused_clearly(tmp_path):
     file = tmp_path / "local.0" / manifest.MANIFEST_ITEM / manifest.MANIFEST_FILE
     doc = json.loads(file.read_text())
     file.write_text(json.dumps({**doc, "format": 2}))
-    with pytest.raises(ValueError, match=r"checkpoint format 2; this jaxjob reads format 7"):
+    reads = f"checkpoint format 2; this jaxjob reads format {manifest.FORMAT}"
+    with pytest.raises(ValueError, match=reads):
         jaxjob.restore(str(tmp_path))
 
 

@@ -189,7 +189,7 @@ def test_plain_orbax_restores_the_state_item_by_key_path(tmp_path):
     assert (jax.random.key_data(flat["rng"]) == jax.random.key_data(tree["rng"])).all()
     with open(tmp_path / "local.2" / "jaxjob" / "manifest.json") as f:
         doc = json.load(f)
-    assert doc["format"] == manifest.FORMAT == 7
+    assert doc["format"] == manifest.FORMAT == 8
     assert {e["name"]: e["path"] for e in doc["leaves"]} == {
         "params/w": "['params']['w']",
         "rng": "['rng']",

@@ -312,6 +312,26 @@ def test_verify_names_each_damaged_leaf_and_exits_1(run_dir, tmp_path, capsys):
     assert others and all(re.match(unread + r"' has 40 bytes, not the \d+", x) for x in others)
 
 
+def test_verify_gives_the_python_verdict_on_another_runs_epoch(run_dir, tmp_path, capsys):
+    """Another run's epoch copied into the prefix: the command refuses it as verify() does."""
+    from jaxjob._src.checkpoint import verify
+
+    prefix, other = tmp_path / "run", tmp_path / "other"
+    shutil.copytree(run_dir, prefix)
+    ckpt = jaxjob.CheckpointManager(str(other))
+    ckpt.save(3, {"w": jnp.ones(2)})
+    ckpt.close()
+    shutil.copytree(other / "local.3", prefix / "local.3")
+    (line,) = verify.verify(prefix)
+    assert "copied from another run" in line
+    for path in (prefix, prefix / "local.3"):  # the prefix, and the directory inside it
+        status, out, _ = _main(["verify", path], capsys)
+        assert status == 1 and [x for x in out.splitlines() if not x.startswith("ok  ")] == [
+            line,
+            "1 damaged checkpoint(s)",
+        ]
+
+
 def test_verify_reports_a_missing_commit_marker_and_a_broken_manifest(run_dir, tmp_path, capsys):
     """No commit marker, or a manifest that is not JSON, is one line each; exit 1."""
     unmarked, broken = tmp_path / "a" / "local.1", tmp_path / "b" / "local.1"

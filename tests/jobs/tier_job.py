@@ -1,7 +1,7 @@
 """A two-tier job for the local-tier tests, run as a child process (1 process, or under launch).
 
 Usage: python tier_job.py CKPT LOCAL OUT [--epochs N] [--persistent-every K]
-    [--kill-in-epoch E]
+    [--kill-in-epoch E] [--shift S]
 
 CKPT is the persistent tier (a directory or s3://...), LOCAL the local tier's path (it may hold
 ``{process}``): a local save every epoch, a persistent one every K epochs (default 4). The state
@@ -10,7 +10,8 @@ NumPy cursor. ``--kill-in-epoch E``: in epoch E, once the local save of epoch E 
 on every process (and the newest persistent save before it), the last process kills itself with
 SIGKILL (``jaxjob launch`` then stops the
 others). Otherwise it trains N epochs (default 10), prints ``TIERS <saved_to per epoch>`` and
-writes the final workspace to OUT (``jaxjob.testing.dump_workspace``).
+writes the final workspace to OUT (``jaxjob.testing.dump_workspace``). ``--shift S`` moves the
+training data by S: a life of the job that computes other values.
 """
 
 import job_start  # first: no garbage collection while the job imports (see it)
@@ -63,6 +64,8 @@ def build_job(args) -> jaxjob.Job:
     def train(ws):
         rng, key = jax.random.split(ws["rng"])
         x = jax.random.normal(key, ws["params"]["w"].shape)
+        if args.shift:
+            x = x + args.shift
 
         def loss(params):
             return jnp.mean((params["w"] - x) ** 2)
@@ -108,6 +111,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--persistent-every", type=int, default=4)
     parser.add_argument("--kill-in-epoch", type=int)
+    parser.add_argument("--shift", type=float, default=0.0)  # other values: another life's
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", force=True)
     ckpt = jaxjob.CheckpointManager(args.ckpt, local=jaxjob.LocalTier(args.local))

@@ -2,8 +2,9 @@
 
 The manifest is a JSON file, ``<checkpoint>/jaxjob/manifest.json``, written
 with the checkpoint's arrays and committed with them. It holds the format
-version, the epoch and node, how many processes saved it, the run that saved
-it (:mod:`~jaxjob._src.checkpoint.run_identity`), the tree structure of each
+version, the epoch and node, how many processes saved it, its lineage (the
+run that saved it, :mod:`~jaxjob._src.checkpoint.run_identity`; the life of
+the job that saved it and the epoch that life resumed from), the tree structure of each
 persistent name (``state``) and of each saved stop-condition output
 (``outputs``), one :class:`~jaxjob._src.checkpoint.codec.LeafSpec` per stored
 leaf, the checksum files, and its own checksum. It is read once per load and
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +43,8 @@ __all__ = [
     "same_devices",
 ]
 
-FORMAT = 7  # 5: devices record; 6: tier; 7: names are escaped key paths, Variables typed
+FORMAT = 8  # 5: devices record; 6: tier; 7: names are escaped key paths, Variables typed; 8: life
+READABLE = (7, FORMAT)  # a format-7 manifest reads with life and resumed_from None
 MANIFEST_ITEM = "jaxjob"
 MANIFEST_FILE = "manifest.json"
 STATE = "state"
@@ -76,6 +79,12 @@ class Manifest:
             (one process's local-tier copy: with ``owner_process`` set in a
             multi-process job, its ``jax.Array`` leaves hold only that
             process's shards, restorable on the same shardings only).
+        life: The id of the life (attempt) that saved it: one
+            ``JobRunner.train`` call, the same id on every process (a
+            manager used without a runner: one id per manager). None in a
+            format-7 manifest.
+        resumed_from: The epoch that life resumed from; None when it started
+            from scratch, was not started by a runner, or in a format-7 manifest.
     """
 
     epoch: int
@@ -91,6 +100,8 @@ class Manifest:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     devices: dict[str, Any] = dataclasses.field(default_factory=dict)
     tier: str = "persistent"
+    life: str | None = None
+    resumed_from: int | None = None
 
     @property
     def state_keys(self) -> list[str]:
@@ -136,8 +147,9 @@ class Manifest:
         file = fs.join(where, MANIFEST_ITEM, MANIFEST_FILE)
         _check_format(doc, where, file)
         _check_self(doc, where, file)
+        lineage = doc["format"] >= 8
         try:
-            schema.check(doc)
+            schema.check(doc, lineage=lineage)
             for name in [*doc[STATE], *doc[OUTPUTS]]:
                 check_name(name)
         except ValueError as err:
@@ -162,6 +174,8 @@ class Manifest:
             metrics={name: float(value) for name, value in doc["metrics"].items()},
             devices=doc["devices"],
             tier=doc["tier"],
+            life=doc["life"] if lineage else None,
+            resumed_from=doc["resumed_from"] if lineage else None,
         )
 
 
@@ -172,7 +186,7 @@ def _check_format(doc: Any, where: str, file: str) -> None:
         shown = json.dumps(found)[:40]
         what = f"the manifest {file!r} has no format version (its format is {shown})"
         raise checksum.corrupt(_epoch_of(where, doc), where, what)
-    if found != FORMAT:
+    if found not in READABLE:
         fix = (
             "write it again with this version of jaxjob"
             if found < FORMAT
@@ -220,6 +234,8 @@ def build(
     *,
     run: str,
     tier: str = "persistent",
+    life: str | None = None,
+    resumed_from: int | None = None,
 ) -> tuple[Manifest, dict[str, dict[str, Any]]]:
     """The manifest of a save, and each item's leaves by stored name.
 
@@ -232,6 +248,9 @@ def build(
         run: The run id of the db_prefix it is saved under
             (:func:`jaxjob._src.checkpoint.run_identity.ensure`).
         tier: ``"persistent"`` or ``"local"`` (see :class:`Manifest`).
+        life: The id of the life saving it (see :class:`Manifest`); None: a
+            new one (the save is a life of its own).
+        resumed_from: The epoch that life resumed from (None: from scratch).
 
     Raises:
         TypeError: Naming the key path of a leaf that cannot be checkpointed.
@@ -271,6 +290,8 @@ def build(
         },
         devices=devices_record(sorted(kinds)),
         tier=tier,
+        life=life or uuid.uuid4().hex,
+        resumed_from=resumed_from,
     )
     return manifest, flat
 
@@ -332,6 +353,10 @@ def read(path: str) -> Manifest:
         )
     try:
         text = fs.read_text(file)
+    except UnicodeDecodeError as err:  # a flipped byte: not UTF-8
+        raise checksum.corrupt(
+            _epoch_of(path), path, f"the manifest {file!r} is not UTF-8 text: {err}"
+        ) from None
     except FileNotFoundError:
         if fs.exists(fs.join(path, MANIFEST_ITEM, "metadata")):
             raise ValueError(

@@ -10,7 +10,8 @@ from typing import Any
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import files, keypaths, manifest, storage
+from jaxjob._src.checkpoint import files, keypaths, manifest, run_identity, storage
+from jaxjob._src.checkpoint import targets as targets_lib
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import (
     check_epoch,
@@ -19,7 +20,7 @@ from jaxjob._src.checkpoint.layout import (
     is_committed,
     parse_name,
 )
-from jaxjob._src.core.workspace import Workspace
+from jaxjob._src.core.workspace import Workspace, check_names
 from jaxjob._src.internals import orbax_private
 
 __all__ = ["checkpoint_dirs", "restore"]
@@ -139,10 +140,13 @@ def restore(
             read instead.
         CorruptCheckpointError: If a checkpoint read is damaged or its
             manifest malformed, or names another node or epoch than its
-            directory, or (read through a db_prefix) another run saved it.
+            directory, or another run than its db_prefix's saved it (read
+            through the db_prefix, or as a directory inside one).
         KeyError: If a pattern of ``leaves`` matches nothing (lists close key
             paths), or a key of a ``sharding`` mapping names neither a
-            restored key nor a saved name (lists the available ones).
+            restored key nor a saved name (lists the available ones), or a
+            key path inside its pytree matches nothing saved, at any depth
+            (names it and lists the keys at the deepest level it reaches).
         ValueError: If a target differs from the checkpoint in structure, a
             shape or a dtype (naming the key path, both values, the epoch and
             the directory), or host-local leaves were saved by another number
@@ -169,6 +173,9 @@ def restore(
         raise TypeError(f"leaves must be a list of names or key paths, got the string {leaves!r}")
     if target is not None and not isinstance(target, Mapping):
         raise TypeError(f"target must be a mapping from key to pytree, got {type(target).__name__}")
+    leaves = None if leaves is None else list(leaves)  # read twice if a retry reads again
+    check_names(leaves or (), "leaves")
+    check_names(target or {}, "target")
     dirs = checkpoint_dirs(path, epoch, node_name)
     request = _Request(
         fs.normalize(path, "path"), epoch, node_name, leaves, target, sharding, host_map
@@ -229,7 +236,8 @@ def _committed_now(request: _Request) -> list[int]:
 
 def _read(request: _Request, dirs: list[str]) -> Workspace:
     path, target, leaves = request.path, request.target, request.leaves
-    prefix = None if dirs == [path] else path  # read through a db_prefix: each must be its run's
+    # read through a db_prefix, or a directory inside one: each must be the prefix's run's
+    prefix = run_identity.holding_prefix(path) if dirs == [path] else path
     checked = {d: files.read_checked(d, db_prefix=prefix) for d in dirs}
     manifests = {d: found for d, (found, _) in checked.items()}
     state = {k: v for m in manifests.values() for k, v in m.state.items()}
@@ -256,7 +264,7 @@ def _read(request: _Request, dirs: list[str]) -> Workspace:
 def _check_sharding_keys(
     sharding: Any, chosen: Mapping[str, keypaths.Selection], state: Mapping[str, Any]
 ) -> None:
-    """Raises if a key of a ``sharding=`` mapping names no restored key and no saved name.
+    """Raises if a key of a ``sharding=`` mapping, or a key path in its pytrees, matches nothing.
 
     Raises:
         KeyError: Listing the unmatched keys and the restored keys and names.
@@ -271,6 +279,7 @@ def _check_sharding_keys(
             f"sharding keys {unmatched} match no restored key and no name in the checkpoint; "
             f"available: {available} (a key of sharding= is a name or a key path of leaves=)"
         )
+    targets_lib.check_sharding_paths(sharding, chosen, state)
 
 
 def _restore_one(path, found, chosen, target, sharding, host_map) -> dict[str, Any]:

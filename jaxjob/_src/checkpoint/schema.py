@@ -26,13 +26,24 @@ from jaxjob._src.base.leaves import HOST_LOCAL, Kind
 from jaxjob._src.checkpoint import checksum, dtypes, hostlocal, stored_names
 from jaxjob._src.checkpoint.layout import check_node_name
 
-__all__ = ["FIELDS", "LEAF_KEYS", "RUN_ID", "check", "check_leaf", "is_stored_name", "leaf_names"]
+__all__ = [
+    "FIELDS",
+    "LEAF_KEYS",
+    "LINEAGE",
+    "RUN_ID",
+    "check",
+    "check_leaf",
+    "is_stored_name",
+    "leaf_names",
+]
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # a run's id: a uuid4's hex
 FIELDS = frozenset(
     {"format", checksum.SELF_KEY, "epoch", "node", "process_count", "owner_process", "time"}
     | {"run", "state", "outputs", "leaves", "metrics", "checksums", "devices", "tier"}
+    | {"life", "resumed_from"}
 )
+LINEAGE = frozenset({"life", "resumed_from"})  # since format 8
 TIERS = ("persistent", "local")
 DEVICE_KEYS = frozenset({"platform", "count", "memory_kinds"})
 MAX_DEVICES = 1 << 24
@@ -263,6 +274,14 @@ def _check_run_fields(doc: dict[str, Any]) -> None:
     _require(isinstance(run, str) and bool(RUN_ID.fullmatch(run)), "run", run, "32 hex digits")
 
 
+def _check_lineage(doc: dict[str, Any]) -> None:
+    """Checks life (a run id's form) and resumed_from (null or an epoch)."""
+    life, resumed = doc["life"], doc["resumed_from"]
+    _require(isinstance(life, str) and bool(RUN_ID.fullmatch(life)), "life", life, "32 hex digits")
+    epoch = is_int(resumed) and 0 <= resumed <= MAX_EPOCH
+    _require(resumed is None or epoch, "resumed_from", resumed, "null or an int >= 0")
+
+
 def _check_metrics(metrics: Any) -> None:
     _require(isinstance(metrics, dict), "metrics", metrics, "an object: name -> number")
     for name, value in metrics.items():
@@ -304,17 +323,24 @@ def _check_checksums(value: Any, count: int, owner: int | None) -> None:
     _require(ok, "checksums", value, expected)
 
 
-def check(doc: Any) -> None:
+def check(doc: Any, *, lineage: bool = True) -> None:
     """Refuses a manifest document holding anything a save does not write.
 
     Its format and its own checksum are the reader's to check; this checks
     every field.
 
+    Args:
+        doc: The manifest document.
+        lineage: Whether it has the fields of :data:`LINEAGE` (format 8 and
+            later); a format-7 document must not.
+
     Raises:
         ValueError: Naming the first field that is wrong, and what it holds.
     """
-    _keys(doc, FIELDS, "the manifest")
+    _keys(doc, FIELDS if lineage else FIELDS - LINEAGE, "the manifest")
     _check_run_fields(doc)
+    if lineage:
+        _check_lineage(doc)
     referenced = _structures(doc["state"], "state") + _structures(doc["outputs"], "outputs")
     _require(isinstance(doc["leaves"], list), "leaves", doc["leaves"], "a list of leaf entries")
     for i, entry in enumerate(doc["leaves"]):

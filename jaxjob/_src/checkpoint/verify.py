@@ -7,12 +7,12 @@ from typing import Any
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
-from jaxjob._src.checkpoint import checksum, files, leaf_check, manifest, storage
+from jaxjob._src.checkpoint import checksum, files, leaf_check, manifest, run_identity, storage
 from jaxjob._src.checkpoint.layout import is_committed
 from jaxjob._src.checkpoint.listing import list_checkpoints
 from jaxjob._src.internals import orbax_private
 
-__all__ = ["checkpoints_under", "verify", "verify_checkpoint"]
+__all__ = ["checkpoints_under", "verify", "verify_checkpoint", "verify_each"]
 
 
 def _is_checkpoint_dir(path: str) -> bool:
@@ -40,7 +40,10 @@ def verify(path: str | os.PathLike) -> list[str]:
 
     Uncommitted directories under a db_prefix (saves in flight or killed) are
     not checked: they are never listed or loaded. Host-local leaves saved by
-    several processes are read as process 0's copy.
+    several processes are read as process 0's copy. A checkpoint read
+    through a db_prefix, or a directory inside one, must be of the prefix's
+    run (:mod:`jaxjob._src.checkpoint.run_identity`). The ``jaxjob verify``
+    command gives the same verdict (:func:`verify_each`).
 
     Args:
         path: A checkpoint directory or a ``db_prefix`` (local, ``gs://``, ``s3://``).
@@ -58,12 +61,21 @@ def verify(path: str | os.PathLike) -> list[str]:
         >>> ckpt = jaxjob.CheckpointManager(prefix)
         >>> ckpt.save(0, {"params": {"w": jnp.ones(3)}})
         >>> ckpt.close()
-        >>> verify(prefix)  # jaxjob._src.checkpoint.verify.verify
+        >>> verify(prefix)  # the lines `jaxjob verify` prints: none for a sound checkpoint
         []
     """
+    return [line for _, lines in verify_each(path) for line in lines]
+
+
+def verify_each(path: str | os.PathLike) -> list[tuple[str, list[str]]]:
+    """``(checkpoint directory, its problems)`` for each checkpoint :func:`verify` checks.
+
+    Raises:
+        FileNotFoundError: If there is no checkpoint at ``path``.
+    """
     dirs, given = checkpoints_under(path), fs.normalize(path, "path")
-    prefix = None if dirs == [given] else given
-    return [line for d in dirs for line in verify_checkpoint(d, db_prefix=prefix)]
+    prefix = run_identity.holding_prefix(given) if dirs == [given] else given
+    return [(d, verify_checkpoint(d, db_prefix=prefix)) for d in dirs]
 
 
 def verify_checkpoint(
@@ -107,6 +119,8 @@ def verify_checkpoint(
         records = checksum.read_records(path, found)
     except CorruptCheckpointError as err:  # its message names the checkpoint and the files
         return [str(err)]
+    except run_identity.LineageError as err:  # the prefix's, not this checkpoint's
+        return [f"{path}: {err}"]
     except (OSError, ValueError) as err:
         return [f"{path}: unreadable ({type(err).__name__}): {err}"]
     if reader is not None:

@@ -301,12 +301,14 @@ def export(
 
 
 def verify(path: str) -> int:
-    """Checks each checkpoint at ``path``: a line per damaged leaf and exit 1, or ``ok`` and 0."""
-    from jaxjob._src.checkpoint.verify import checkpoints_under, verify_checkpoint
+    """Checks each checkpoint at ``path``: a line per problem and exit 1, or ``ok`` and 0.
+
+    The verdict is :func:`jaxjob._src.checkpoint.verify.verify`'s, line for line.
+    """
+    from jaxjob._src.checkpoint.verify import verify_each
 
     damaged = 0
-    for directory in checkpoints_under(path):
-        problems = verify_checkpoint(directory)
+    for directory, problems in verify_each(path):
         for line in problems:
             print(line)
         if not problems:

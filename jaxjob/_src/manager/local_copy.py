@@ -4,8 +4,12 @@ A manager made with ``local=`` (:class:`~jaxjob._src.manager.local_tier.LocalTie
 holds a :class:`LocalCopy`: on first use it builds a manager of the same
 kind over this process's local directory (the same node save engine, one
 process taking part), whose checkpoints record the persistent tier's run
-id. Local checkpoints of another run (a directory reused by a new job) are
-never resumed from, and are removed by this run's first local save.
+id and the life (attempt) that saved them. Local checkpoints of another run
+(a directory reused by a new job) are never resumed from, and are removed by
+this run's first local save. The processes resume a local epoch only if all
+their copies of it come from one life and their replicated leaves' checksums
+agree (:meth:`LocalCopy.lineage`, compared by
+:func:`jaxjob._src.run.resume.local_choice`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import jax
 
 from jaxjob._src.base import fs
+from jaxjob._src.base.leaves import Kind
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import checksum, files, listing, manifest, run_identity
 from jaxjob._src.checkpoint.layout import common_epochs, db_name
@@ -88,9 +93,14 @@ class LocalCopy:
         return self._manager
 
     def run(self, *, create: bool) -> str | None:
-        """The persistent tier's run id (created with ``create``), or None if it has none."""
+        """The persistent tier's run id (created with ``create``), or None if it has none.
+
+        Without its run file, the run its other evidence names
+        (:func:`jaxjob._src.checkpoint.run_identity.prefix_run`).
+        """
         if self._run is None:
-            self._run = (run_identity.ensure if create else run_identity.read)(self._db_prefix)
+            find = run_identity.ensure if create else run_identity.prefix_run
+            self._run = find(self._db_prefix)
         return self._run
 
     def nodes(self) -> list[str]:
@@ -102,8 +112,12 @@ class LocalCopy:
         epoch: int,
         workspace: Mapping[str, Any],
         outputs: Mapping[str, Any] | None,
+        *,
+        lineage: tuple[str, int | None],
     ) -> None:
         """Saves ``epoch`` to this process's local directory, waiting on no other process.
+
+        ``lineage`` is ``(life, resumed_from)``, recorded in its manifests.
 
         Raises:
             CheckpointSaveError: This save's problem, or a previous local save's failure.
@@ -111,6 +125,7 @@ class LocalCopy:
         run = self.run(create=True)
         for writer in self.manager._writers():
             writer._run = run  # its checkpoints record the persistent tier's run
+        self.manager.set_lineage(*lineage)  # and the persistent manager's life
         if not self._swept:
             self._remove_other_runs(run)
             if jax.process_index() == 0:
@@ -175,6 +190,48 @@ class LocalCopy:
             else:
                 why.append(f"local epoch {epoch}: {problem}")
         return found, why
+
+    def lineage(self, epochs: list[int]) -> dict[int, dict[str, Any]]:
+        """Of each local epoch of ``epochs``: its life and its replicated leaves' checksums.
+
+        Returns:
+            ``{epoch: {"life": id or None, "whole": {"<key path> of node '<node>'": crc}}}``:
+            ``whole`` holds the ``jax.Array`` leaves this process's copy holds
+            whole (replicated over its devices); those must be the same bytes
+            on every process. An epoch whose records do not read is left out
+            (its restore fails on its own).
+        """
+        found: dict[int, dict[str, Any]] = {}
+        for epoch in epochs:
+            try:
+                found[epoch] = _lineage(self.manager, epoch, self.nodes())
+            except (OSError, ValueError) as err:
+                logger.debug("Local epoch %d: no lineage (%s)", epoch, err)
+        return found
+
+
+def _lineage(manager: Any, epoch: int, nodes: list[str]) -> dict[str, Any]:
+    """The life and replicated leaves' CRCs of this process's local ``epoch`` (see ``lineage``)."""
+    lives, whole = set(), {}
+    for node in nodes:
+        path = db_name(epoch, node, manager.db_prefix)
+        found = manifest.read(path)
+        lives.add(found.life)
+        for name, records in checksum.read_records(path, found).items():
+            spec = found.leaves.get(name)
+            if spec is not None and _is_whole(spec, records):
+                whole[f"{spec.path} of node {node!r}"] = records[0][1]
+    life = lives.pop() if len(lives) == 1 else f"several: {sorted(map(str, lives))}"
+    return {"life": life, "whole": whole}
+
+
+def _is_whole(spec: Any, records: list[checksum.Record]) -> bool:
+    """Whether ``records`` are one shard covering the whole of a ``jax.Array`` leaf."""
+    if spec.kind not in (Kind.JAX, Kind.PRNG_KEY) or len(records) != 1:
+        return False
+    index = records[0][0]
+    rank = len(spec.shape)
+    return all(a == 0 for a, _ in index) and tuple(b for _, b in index[:rank]) == tuple(spec.shape)
 
 
 def _run_of(path: str) -> str | None:

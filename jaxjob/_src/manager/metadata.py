@@ -11,17 +11,20 @@ import jax
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.checkpoint import run_identity
 from jaxjob._src.checkpoint.layout import common_epochs
 
 __all__ = ["DiskMetadataHandler", "MetadataHandler"]
 
 logger = get_logger(__name__)
-METADATA_FILE = "jaxjob_metadata.jsonl"
+METADATA_FILE = run_identity.LOG_FILE
 
 
 @runtime_checkable
 class MetadataHandler(Protocol):
     """Reads and writes checkpoint metadata in storage of your choice (the seed's five methods)."""
+
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
 
     def set_params(
         self,
@@ -51,13 +54,15 @@ class DiskMetadataHandler:
 
     ``last_epoch()`` is the latest epoch committed for every node of the job.
     ``write(epoch)`` adds a line to ``<db_prefix>/jaxjob_metadata.jsonl`` on
-    process 0: on local disk an append and one fsync (a line torn by a crash
-    stays on its own line), on object stores, which cannot append, one upload
-    of the whole file. An ``OSError`` there (EIO, ENOSPC, a silent object
-    store) is raised; the manager makes it a failure of that epoch's save,
-    which the runner handles under ``on_save_error``. ``report`` keeps
-    every action's stats in ``history`` and logs them (failures at INFO: the
-    save raises them, or the runner logs each as one warning).
+    process 0, naming the epoch and the prefix's run (the log is the prefix's
+    second record of its run, beside ``.jaxjob/run.json``): on local disk an
+    append and one fsync (a line torn by a crash stays on its own line), on
+    object stores, which cannot append, one upload of the whole file. An
+    ``OSError`` there (EIO, ENOSPC, a silent object store) is raised; the
+    manager makes it a failure of that epoch's save, which the runner handles
+    under ``on_save_error``. ``report`` keeps every action's stats in
+    ``history`` and logs them (failures at INFO: the save raises them, or the
+    runner logs each as one warning).
 
     Example:
         >>> import jaxjob
@@ -67,11 +72,14 @@ class DiskMetadataHandler:
         (True, 3)
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     def __init__(self) -> None:
         self.db_prefix: str | None = None
         self.node_names: list[str] = []
         self.path_prefix: str | None = None
         self.history: list[dict[str, Any]] = []
+        self._run: str | None = None  # the prefix's run, read by the first write
 
     def set_params(
         self,
@@ -82,6 +90,8 @@ class DiskMetadataHandler:
         path_type: str | None = None,
     ) -> None:
         """Remembers the checkpoint location and the job's node names."""
+        if db_prefix != self.db_prefix:
+            self._run = None
         self.db_prefix = db_prefix
         self.node_names = [str(n) for n in node_names]
         self.path_prefix = path_prefix
@@ -103,8 +113,19 @@ class DiskMetadataHandler:
         """Appends a commit record for ``epoch``, durably."""
         if self.db_prefix is None or jax.process_index() != 0:
             return
+        self._run = self._run or self._read_run()
         record = {"event": "commit", "epoch": epoch, "time": time.time()}
+        if self._run is not None:
+            record["run"] = self._run
         fs.append_text(fs.join(self.db_prefix, METADATA_FILE), json.dumps(record) + "\n")
+
+    def _read_run(self) -> str | None:
+        """The prefix's run id; None (the record names none) if its run file is damaged."""
+        try:
+            return run_identity.read(self.db_prefix)
+        except ValueError as err:  # the saves and reads through the prefix say so
+            logger.debug("The commit record names no run: %s", err)
+            return None
 
     def cp_accessible(self, epoch: int | None = None) -> bool:
         """With ``epoch``: it is committed for every node. Without: the prefix is writable."""

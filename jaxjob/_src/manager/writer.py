@@ -28,7 +28,7 @@ from jaxjob._src.base.errors import CheckpointSaveError, as_save_error, with_ear
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import manifest, run_identity, storage
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
-from jaxjob._src.core.workspace import Workspace
+from jaxjob._src.core.workspace import Workspace, check_names
 from jaxjob._src.internals import orbax_private
 from jaxjob._src.manager import background_start, boundary, lock, retention
 from jaxjob._src.manager.orbax_log import saving
@@ -93,6 +93,7 @@ class NodeWriter:
         self._failed = retention.FailedSaves()
         self._run: str | None = None  # the db_prefix's run id, read (or created) by the first save
         self.tier = "persistent"  # "local" for a local-tier copy (its manifests say so)
+        self.lineage: tuple[str | None, int | None] = (None, None)  # (life, resumed_from)
 
     @property
     def deletes(self) -> bool:
@@ -173,7 +174,9 @@ class NodeWriter:
             CheckpointInUseError: If another live process writes this node here.
         """
         epoch = check_epoch(epoch)
-        for name in [*workspace, *(outputs or {})]:  # before the lock: nothing is written
+        check_names(workspace, "workspace")  # before the lock: nothing is written
+        check_names(outputs or {}, "outputs")
+        for name in [*workspace, *(outputs or {})]:
             manifest.check_name(name)
         self.check_process()
         path = db_name(epoch, self.node_name, self.db_prefix)
@@ -212,6 +215,7 @@ class NodeWriter:
         found, flat = manifest.build(
             plan.epoch, self.node_name, Workspace(workspace), Workspace(outputs),
             self.owner_process, run=self._run, tier=self.tier,
+            life=self.lineage[0], resumed_from=self.lineage[1],
         )  # fmt: skip
         metrics = retention.metrics_of(self.required_outputs, outputs, workspace)
         plan.found = dataclasses.replace(found, metrics=metrics)

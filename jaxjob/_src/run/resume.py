@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import uuid
 from typing import Any
 
 import jax
 import jax.extend
 
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.base.status import status_logger
 from jaxjob._src.checkpoint import keypaths
 from jaxjob._src.checkpoint.hostlocal import ProcessCountError
 from jaxjob._src.core import checks, data
@@ -37,6 +39,7 @@ __all__ = [
     "loaded_nodes",
     "restore_targets",
     "resume_epoch",
+    "set_lineage",
 ]
 
 logger = get_logger(__name__)
@@ -44,27 +47,45 @@ logger = get_logger(__name__)
 
 def resume_epoch(
     manager: Manager | None, requested: int | None, nodes: list[str], timeout_s: float
-) -> int | None:
-    """The epoch to resume from (None: from scratch), as process 0 decides it for every process.
+) -> tuple[int | None, str]:
+    """The epoch to resume from (None: from scratch) and this life's id, as process 0 decides them.
+
+    The life (attempt: one ``train`` call) gets one id on every process:
+    process 0's, sent with the resume epoch. Every checkpoint this life saves
+    records it (:meth:`jaxjob.CheckpointManager.set_lineage`).
 
     Args:
         manager: The runner's checkpoint manager; without one, ``requested`` is the answer.
         requested: The runner's ``resume_from_epoch``; None lets the metadata handler pick.
         nodes: The nodes the job checkpoints.
         timeout_s: How long to wait for process 0's answer.
+
+    Returns:
+        ``(epoch, life)``.
     """
     if manager is None:
-        return requested
+        return requested, uuid.uuid4().hex
     manager.set_params(nodes=nodes)
-    resume = hosts.decide(
+    decided = hosts.decide(
         "the resume epoch",
-        lambda: manager.get_resume_from_epoch_id(requested),
+        lambda: {"epoch": manager.get_resume_from_epoch_id(requested), "life": uuid.uuid4().hex},
         timeout_s=timeout_s,
     )
+    resume = decided["epoch"]
     two_tiers = getattr(manager, "local_tier", None) is not None and requested is None
     if resume is not None and not two_tiers:  # else the runner says which tier it resumes from
-        logger.info("Resuming from epoch %d", resume)
-    return resume
+        status_logger().info("Resuming from epoch %d (%s)", resume, manager.db_prefix)
+    return resume, decided["life"]
+
+
+def set_lineage(manager: Manager, life: str, resumed_from: int | None) -> None:
+    """Tells ``manager`` the life whose saves follow and the epoch it resumed from.
+
+    A manager of another kind than jaxjob's (no ``set_lineage``) records none.
+    """
+    record = getattr(manager, "set_lineage", None)
+    if record is not None:
+        record(life, resumed_from)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,12 +106,16 @@ def local_choice(manager: Manager, persistent: int | None, timeout_s: float) -> 
     """The local epochs newer than ``persistent`` that every process holds (one exchange).
 
     Every process lists its own local tier; an epoch counts only if every
-    process can resume from it, so processes never resume from a mix of epochs.
+    process can resume from it, so processes never resume from a mix of
+    epochs, and only if every process's copy of it comes from the same life
+    of the job and their replicated leaves' checksums agree, so they never
+    resume from a mix of lives (a host that missed a life kept its copies).
     """
     mine, why = manager.local_candidates(persistent)
-    posts = hosts.exchange(
-        "the local tier's epochs", {"epochs": mine, "why": why[:4]}, timeout_s=timeout_s
-    )
+    several = jax.process_count() > 1
+    lineage = manager.local_lineage(mine) if several else {}
+    post = {"epochs": mine, "why": why[:4], "lineage": {str(e): v for e, v in lineage.items()}}
+    posts = hosts.exchange("the local tier's epochs", post, timeout_s=timeout_s)
     held = [set(p["epochs"]) for p in posts]
     common, anywhere = set.intersection(*held), set.union(*held)
     reasons: list[str] = []
@@ -100,10 +125,34 @@ def local_choice(manager: Manager, persistent: int | None, timeout_s: float) -> 
         reasons += [f"{where}: {line}" for line in post["why"]]
         if lacking and not post["why"]:
             reasons.append(f"{where} has no local epoch {lacking}")
+    for epoch in sorted(common, reverse=True) if several else []:
+        mixed = _mixed_lineage([p["lineage"].get(str(epoch)) for p in posts])
+        if mixed is not None:
+            common.discard(epoch)
+            reasons.append(f"local epoch {epoch}: {mixed}")
     if common:  # what the processes lack above the chosen epoch is all that matters
         newest = max(common)
         reasons = [r for r in reasons if not _only_older(r, newest)]
     return LocalChoice(sorted(common, reverse=True), reasons)
+
+
+def _mixed_lineage(found: list[dict[str, Any] | None]) -> str | None:
+    """Why the processes' copies of a local epoch are not one life's state, or None."""
+    if any(f is None for f in found):
+        missing = [p for p, f in enumerate(found) if f is None]
+        return f"its life does not read on processes {missing}"
+    lives = [f["life"] for f in found]
+    if len(set(lives)) > 1:
+        return (
+            f"the processes' copies come from different lives of the job (life by process: "
+            f"{lives}): a host that missed a life kept its copies"
+        )
+    wholes = [f["whole"] for f in found]
+    for name in sorted(set.intersection(*(set(w) for w in wholes))):
+        crcs = [w[name] for w in wholes]
+        if len(set(crcs)) > 1:
+            return f"its replicated leaf {name!r} differs between the processes (CRC-32C {crcs})"
+    return None
 
 
 def _only_older(reason: str, newest: int) -> bool:
