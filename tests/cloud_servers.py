@@ -44,8 +44,10 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -376,3 +378,71 @@ def gcs_prefix(gcs_bucket) -> str:
 @pytest.fixture
 def s3_prefix(s3_bucket) -> str:
     return unique_prefix(s3_bucket)
+
+
+_MOTO_CHILD = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from cloud_servers import _Moto
+server = _Moto({bucket!r})
+print(server.url, flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+class StoppableServer:
+    """An object-store server in a process of its own, which a test may SIGSTOP and SIGCONT.
+
+    The session's servers are shared (moto even runs in the pytest process):
+    this one serves one test. ``env`` points a child process's clients at it.
+    """
+
+    def __init__(self, kind: str, workdir: Path):
+        self.kind = kind
+        if kind == "gcs":
+            if _missing("gcsfs") or fake_gcs_server_binary() is None:
+                pytest.skip("GCS tests need gcsfs and the fake-gcs-server binary")
+            self._gcs = _FakeGcs(fake_gcs_server_binary(), workdir, GCS_BUCKET_NAME)
+            self.proc, self.url, self.env = self._gcs.proc, self._gcs.url, self._gcs.env()
+        else:
+            if _missing("s3fs", "moto", "boto3", "werkzeug", "flask"):
+                pytest.skip("S3 tests need moto[server] and s3fs")
+            code = _MOTO_CHILD.format(tests=os.path.dirname(__file__), bucket=S3_BUCKET_NAME)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdout=subprocess.PIPE,
+                text=True,
+                preexec_fn=_die_with_parent,
+            )
+            self.url = self.proc.stdout.readline().strip()
+            if not self.url.startswith("http://127.0.0.1:"):
+                self.stop()
+                raise RuntimeError(f"moto did not start: {self.url!r}")
+            self.env = {
+                "AWS_ENDPOINT_URL": self.url,
+                "AWS_ACCESS_KEY_ID": "test",
+                "AWS_SECRET_ACCESS_KEY": "test",
+                "AWS_REGION": "us-east-1",
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_EC2_METADATA_DISABLED": "true",
+                "EPATH_USE_TF": "false",
+            }
+        self.bucket = f"gs://{GCS_BUCKET_NAME}" if kind == "gcs" else f"s3://{S3_BUCKET_NAME}"
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its port (connections are accepted) and never answers."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Ends the server (resumed first, so that it can end)."""
+        if self.proc.poll() is None:
+            self.resume()
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if self.kind == "gcs":
+            self._gcs._log.close()

@@ -94,6 +94,18 @@ def test_best_ranking_survives_a_restart(tmp_path):
     assert manifest.read(str(tmp_path / "local.8")).metrics == {"score": -16.0}
 
 
+def test_a_nan_metric_is_not_ranked_and_its_checkpoint_reads(tmp_path):
+    """An epoch whose Best metric is NaN (a diverged run) is saved without it: not ranked, and
+    its checkpoint restores (a NaN in the manifest was refused as corrupt on read)."""
+    ckpt = jaxjob.CheckpointManager(str(tmp_path), keep=[keep.Last(1), keep.Best("v")])
+    for epoch, v in enumerate([0.5, float("nan"), 0.9, float("nan")]):
+        ckpt.save(epoch, {"w": jnp.full(3, float(epoch))}, outputs={"v": jnp.float32(v)})
+    ckpt.close()
+    assert ckpt.committed_epochs() == [2, 3]  # the newest, and the best finite one (0.9)
+    assert manifest.read(str(tmp_path / "local.3")).metrics == {}
+    np.testing.assert_array_equal(jaxjob.restore(str(tmp_path))["w"], np.full(3, 3.0))
+
+
 def test_best_of_a_non_scalar_fails_the_save_naming_it(tmp_path):
     """keep=Best(name) on a non-scalar leaf fails that save with a message naming the leaf."""
     ckpt = jaxjob.CheckpointManager(str(tmp_path), keep=keep.Best("w"), async_save=False)

@@ -32,7 +32,10 @@ from jaxjob._src.base.remote import MIN_TRANSFER_BYTES_S as MIN_TRANSFER_BYTES_S
 from jaxjob._src.base.remote import REMOTE_SCHEMES as REMOTE_SCHEMES
 from jaxjob._src.base.remote import STORAGE_TIMEOUT_ENV as STORAGE_TIMEOUT_ENV
 from jaxjob._src.base.remote import MissingExtraError as MissingExtraError
+from jaxjob._src.base.remote import StorageError as StorageError
 from jaxjob._src.base.remote import StorageTimeoutError as StorageTimeoutError
+from jaxjob._src.base.remote import answering as answering
+from jaxjob._src.base.remote import as_storage_error as as_storage_error
 from jaxjob._src.base.remote import bounded as bounded
 from jaxjob._src.base.remote import endpoint as endpoint
 from jaxjob._src.base.remote import is_remote as is_remote
@@ -45,8 +48,11 @@ __all__ = [
     "REMOTE_SCHEMES",
     "STORAGE_TIMEOUT_ENV",
     "MissingExtraError",
+    "StorageError",
     "StorageTimeoutError",
+    "answering",
     "append_text",
+    "as_storage_error",
     "bounded",
     "create_only",
     "endpoint",

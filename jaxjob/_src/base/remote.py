@@ -8,12 +8,33 @@ environment variable ``JAXJOB_STORAGE_TIMEOUT_S``, default 120 s), so an
 endpoint that accepts connections and never answers fails a save instead of
 hanging it. A missing client package (``gcsfs``, ``s3fs``) raises
 :class:`MissingExtraError` naming the extra to install.
+
+**One class of storage errors.** Whatever a client raises for a store it
+cannot reach (botocore's ``EndpointConnectionError``, aiohttp's reset
+connections, a name that does not resolve, an HTTP 5xx answer) leaves
+:func:`bounded` as an ``OSError``: a :class:`StorageError` naming the
+operation, the path and the endpoint, its cause the client's exception. So
+every caller's ``except OSError`` (the save-failure policy, the history,
+retention, the lock) handles every way a store fails, as for a local disk.
+
+**No stuck call holds the exit.** A call that outlasted its bound is left
+running (no client call can be cancelled), and so are the threads it started
+(Orbax's ``async_save`` thread, the event loops' executors), which Python
+joins when the program ends. Once a call was abandoned, a daemon thread
+watches the exit: if the process is still there :func:`storage_timeout_s`
+after the last abandonment (and at least :data:`EXIT_GRACE_S` after the
+program's end), it flushes the logs and standard streams and ends the
+process: status 1 after an uncaught exception, else 0.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,8 +45,12 @@ __all__ = [
     "MIN_TRANSFER_BYTES_S",
     "REMOTE_SCHEMES",
     "STORAGE_TIMEOUT_ENV",
+    "EXIT_GRACE_S",
     "MissingExtraError",
+    "StorageError",
     "StorageTimeoutError",
+    "answering",
+    "as_storage_error",
     "bounded",
     "endpoint",
     "is_remote",
@@ -57,9 +82,22 @@ _T = TypeVar("_T")
 class MissingExtraError(ImportError):
     """A ``gs://`` or ``s3://`` path was used without the package that reaches it."""
 
+    __module__ = "jaxjob"  # its public name: tracebacks and pickles say jaxjob.X
 
-class StorageTimeoutError(TimeoutError):
+
+class StorageError(OSError):
+    """An object store failed an operation: refused, reset or timed-out connections, DNS, 5xx.
+
+    Its ``__cause__`` is the client's exception (botocore, aiohttp, gcsfs).
+    """
+
+    __module__ = "jaxjob"  # its public name: tracebacks and pickles say jaxjob.X
+
+
+class StorageTimeoutError(StorageError, TimeoutError):
     """An object-store endpoint did not answer within :func:`storage_timeout_s`."""
+
+    __module__ = "jaxjob"  # its public name: tracebacks and pickles say jaxjob.X
 
 
 # db_prefix -> seconds, from the managers' ``storage_timeout_s=`` (the longest prefix wins)
@@ -171,10 +209,12 @@ def bounded(path: str, what: str, call: Callable[[], _T], *, timeout_s: float | 
     The bound is ``timeout_s``, by default :func:`storage_timeout_s` of
     ``path``. On local disk ``call`` runs here. For an object store it runs in a
     daemon thread (a client stuck on a silent endpoint cannot be cancelled:
-    it is left behind, and cannot keep the interpreter from exiting).
+    it is left behind, and cannot keep the interpreter from exiting), and a
+    client's error for a store it cannot reach is a :class:`StorageError`.
 
     Raises:
         StorageTimeoutError: Naming the operation, the path and the endpoint.
+        StorageError: The client's error, as an ``OSError`` naming the same.
         MissingExtraError: If the object store's package is not installed.
     """
     if not is_remote(path):
@@ -193,17 +233,176 @@ def bounded(path: str, what: str, call: Callable[[], _T], *, timeout_s: float | 
         finally:
             done.set()
 
-    threading.Thread(target=run, name=f"jaxjob-storage-{what}", daemon=True).start()
+    worker = threading.Thread(target=run, name=f"jaxjob-storage-{what}", daemon=True)
+    worker.start()
     if not done.wait(timeout_s):
+        abandoned(timeout_s, worker)
+        _silent[endpoint(path)] = time.monotonic()
         raise StorageTimeoutError(
             f"the object store at {endpoint(path)} did not answer {what} of {path!r} within "
             f"{timeout_s:g} s; check the endpoint and the network, or set "
             f"storage_timeout_s= (or {STORAGE_TIMEOUT_ENV}) to wait longer"
         )
+    _silent.pop(endpoint(path), None)
     ok, value = outcome[0]
     if not ok:
-        raise value
+        raise as_storage_error(value, path, what)
     return value
+
+
+_silent: dict[str, float] = {}  # endpoint -> when a call to it last outlasted its bound
+
+
+def answering(path: str) -> bool:
+    """False if the last call to ``path``'s object store outlasted its bound; True on local disk.
+
+    For what may be skipped when the store is known not to answer (a lock's
+    release at exit: it is taken over once its holder is gone anyway).
+
+    Example:
+        >>> answering("/tmp/run")
+        True
+    """
+    return not is_remote(path) or endpoint(path) not in _silent
+
+
+# The packages whose exceptions mean "the store failed" (not a caller's mistake); fsspec's
+# own errors (FSTimeoutError) too. ``OSError`` and its subclasses pass as they are.
+_CLIENT_PACKAGES = (
+    "aiobotocore",
+    "aiohttp",
+    "botocore",
+    "fsspec",
+    "gcsfs",
+    "google",
+    "requests",
+    "s3fs",
+    "urllib3",
+)
+
+
+def as_storage_error(err: BaseException, path: str, what: str) -> BaseException:
+    """``err`` as an ``OSError`` if it is an object-store client's exception; else ``err``.
+
+    Example:
+        >>> as_storage_error(KeyError("k"), "s3://b/run/x", "a write")  # not the store's
+        KeyError('k')
+        >>> refused = ConnectionRefusedError(111, "Connection refused")  # an OSError already
+        >>> as_storage_error(refused, "s3://b/run/x", "a write") is refused
+        True
+    """
+    if isinstance(err, OSError) or not isinstance(err, Exception):
+        return err
+    package = type(err).__module__.split(".", 1)[0]
+    if package not in _CLIENT_PACKAGES:
+        return err
+    failure = StorageError(
+        f"the object store at {endpoint(path)} failed {what} of {path!r}: "
+        f"{type(err).__name__}: {err}"
+    )
+    failure.__cause__ = err
+    return failure
+
+
+# -- the exit: threads a stuck call left behind do not hold it
+
+# After the program ends, how long the watch waits at least before ending the process.
+EXIT_GRACE_S = 1.0
+_exit_deadline = 0.0  # time.monotonic() after which the watch ends a process still there
+_exit_lock = threading.Lock()
+_watching = False
+_abandoned: list[threading.Thread] = []  # the threads of calls left running on a silent store
+
+
+def abandoned(timeout_s: float, thread: threading.Thread | None = None) -> None:
+    """Notes that a storage call was left running (in ``thread``): the exit waits ``timeout_s``.
+
+    At the exit, the process is ended only while such a call is still running:
+    once they all returned, the store answers again and nothing is stuck.
+    """
+    global _exit_deadline, _watching
+    with _exit_lock:
+        _exit_deadline = max(_exit_deadline, time.monotonic() + timeout_s)
+        if thread is not None:
+            _abandoned.append(thread)
+        if _watching:
+            return
+        _watching = True
+    ended = threading.Event()
+    # Python's exit first runs these callbacks (the latest registered first: before the
+    # thread pools' joins), then joins the other threads; no public hook runs before both.
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(ended.set)
+    except RuntimeError:  # the exit has begun (a call made by an atexit function)
+        register = None
+    threading.Thread(
+        target=_watch_exit, args=(ended if register else None,), name="jaxjob-exit-watch",
+        daemon=True,
+    ).start()  # fmt: skip
+
+
+def _forget_in_child() -> None:
+    """A forked child has no watch thread: its first abandoned call starts its own."""
+    global _exit_deadline, _exit_lock, _watching
+    _exit_deadline, _exit_lock, _watching = 0.0, threading.Lock(), False
+    _silent.clear()
+    _abandoned.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _watch_exit(program_ended: threading.Event | None) -> None:
+    """Once the program has ended and the deadline passed, ends the process if it is still here."""
+    if program_ended is not None:
+        program_ended.wait()
+    else:
+        threading.main_thread().join()  # returns once Python's exit has joined the pools
+    ended = time.monotonic()
+    while (left := max(_exit_deadline, ended + EXIT_GRACE_S) - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))
+    if _abandoned and not any(t.is_alive() for t in _abandoned):
+        return  # every abandoned call returned: the store answers, the exit is not held by it
+    # Still here: Python's exit waits for a thread that a stuck call holds (a non-daemon one,
+    # or any worker of a thread pool). Letting it run on as a daemon thread is not safe: the
+    # interpreter's end kills daemon threads, which aborts one waiting in C++ (TensorStore).
+    status = _exit_status()
+    stuck = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread())
+    _log_stderr(
+        f"jaxjob: ending the process (status {status}): an object store stopped answering and "
+        f"threads still wait on it: {', '.join(stuck)}"
+    )
+    _flush_and_exit(status)
+
+
+def _exit_status() -> int:
+    """1 if the program ended on an uncaught exception, else 0.
+
+    The status of a ``sys.exit(n)`` is not kept anywhere Python can read during its exit:
+    such a program ends with 0 here.
+    """
+    uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return 1 if uncaught is not None else 0
+
+
+def _log_stderr(message: str) -> None:
+    """Writes ``message`` to stderr: logging may be shut down already at this point."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
+def _flush_and_exit(status: int) -> None:
+    """Flushes the log handlers and standard streams, then ends the process with ``status``."""
+    with contextlib.suppress(Exception):  # a handler whose stream is gone already
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    os._exit(status)
 
 
 def is_remote(path: str) -> bool:

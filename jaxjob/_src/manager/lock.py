@@ -197,10 +197,18 @@ class WriterLock:
     def release(self) -> None:
         """Stops renewing and removes this process's record (if still its own)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        answering = fs.answering(self.path)
+        if self._thread is not None:  # a renewal on a silent store: not waited for
+            self._thread.join(None if answering else 0)
         holder, self._holder = self._holder, None
         if holder is None or self.lost is not None:  # a lost lock's record is not ours
+            return
+        if not answering:
+            logger.warning(
+                "Not releasing the lock %s: its object store stopped answering. The next "
+                "writer takes it over once this process is gone (or its lease is %g s old)",
+                self.path, self.lease_s,
+            )  # fmt: skip
             return
         try:
             self._record.change(

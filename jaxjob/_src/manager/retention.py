@@ -16,6 +16,7 @@ next writer starts (:func:`sweep`). Only the process holding the node's lock
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 
 from jaxjob._src.base import faults, fs
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.base.status import status_logger
 from jaxjob._src.checkpoint import manifest
 from jaxjob._src.checkpoint.layout import (
     COMMIT_MARKER,
@@ -48,7 +50,7 @@ SUPERSEDED = ".superseded-"  # a committed epoch moved aside while the same epoc
 def metrics_of(
     names: Sequence[str], outputs: Mapping[str, Any], state: Mapping[str, Any]
 ) -> dict[str, float]:
-    """The numeric scalars among ``outputs``, and ``names`` (outputs first, else ``state``).
+    """The finite numeric scalars among ``outputs``, and ``names`` (outputs first, else ``state``).
 
     Raises:
         ValueError: If one of ``names`` is present but not a numeric scalar.
@@ -68,7 +70,8 @@ def metrics_of(
                 "that name"
             )
         found[name] = scalar
-    return found
+    # NaN and inf are not ranked (keep.Best) and not stored: a manifest holds finite numbers
+    return {name: value for name, value in found.items() if math.isfinite(value)}
 
 
 def _scalar(value: Any) -> float | None:
@@ -296,3 +299,35 @@ def sweep(db_prefix: str, node_name: str, writing: int | None = None) -> list[st
     if done:
         logger.info("Removed leftovers of killed saves under %s: %s", db_prefix, done)
     return done
+
+
+KEEP_ALL_NOTICE_BYTES = 1 << 30  # keep=None: the run says so once it has written this much
+
+
+class KeepAllNotice:
+    """Says once, on the status line, that ``keep=None`` keeps every epoch it wrote past 1 GiB.
+
+    Example:
+        >>> notice = KeepAllNotice("/ckpt")
+        >>> notice.saved(512 << 20), notice.saved(512 << 20), notice.saved(1 << 30)
+        (False, True, False)
+    """
+
+    def __init__(self, db_prefix: str) -> None:
+        self.db_prefix = db_prefix
+        self._written = 0
+        self._said = False
+
+    def saved(self, nbytes: int) -> bool:
+        """Counts a save of ``nbytes`` (every process's); whether this one made it say so."""
+        self._written += nbytes
+        if self._said or self._written < KEEP_ALL_NOTICE_BYTES:
+            return False
+        self._said = True
+        if jax.process_index() == 0:
+            status_logger().info(
+                "keep=None keeps every epoch: this run has written %.1f GiB of checkpoints "
+                "under %s; pass keep=jaxjob.keep.Last(n) (or Every, Best) to bound it",
+                self._written / (1 << 30), self.db_prefix,
+            )  # fmt: skip
+        return True
