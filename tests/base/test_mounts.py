@@ -49,3 +49,19 @@ def test_ram_backed_reads_this_machines_mount_table(tmp_path):
     assert mounts.ram_backed(str(tmp_path)) == (
         mounts.filesystem_type(os.path.realpath(tmp_path)) in mounts.RAM_FILESYSTEMS
     )
+
+
+def test_inside_compares_real_locations_also_below_what_exists(tmp_path):
+    """Missing tails compare by component (``ckpt2`` is not inside ``ckpt``); a link is
+    resolved; a path is inside itself."""
+    inside, real_location = mounts.inside, mounts.real_location
+    (tmp_path / "ckpt").mkdir()
+    os.symlink(tmp_path / "ckpt", tmp_path / "alias")
+    where = {name: real_location(str(tmp_path / name)) for name in ("ckpt", "ckpt2/x", "alias/a/b")}
+    assert inside(where["alias/a/b"], where["ckpt"]) and not inside(
+        where["ckpt"], where["alias/a/b"]
+    )
+    assert not inside(where["ckpt2/x"], where["ckpt"]) and inside(where["ckpt"], where["ckpt"])
+    new = real_location(str(tmp_path / "new" / "run"))
+    assert new.existing == str(tmp_path) and new.rest == ("new", "run")
+    assert inside(real_location(str(tmp_path / "new" / "run" / "0")), new)

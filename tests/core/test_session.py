@@ -108,3 +108,26 @@ def test_stop_condition_must_be_scalar():
     job.add_stop_condition("v")
     with pytest.raises(ValueError, match=r"stop condition 'v' must be a scalar boolean.*\(3,\)"):
         jaxjob.JobRunner(job).train(jaxjob.Session())
+
+
+def test_an_interrupt_after_a_donation_leaves_live_arrays_in_the_workspace():
+    """A host task interrupted after a program donated the workspace's buffers: the session
+    holds the program's live results (``partial``), never the donated buffers."""
+    init = jaxjob.TaskGroup(persistent=True)
+    init.add(lambda ws: {"w": jnp.arange(4.0)})
+    step = jaxjob.TaskGroup()
+    step.add(lambda ws: {"w": ws["w"] + 1})
+
+    def interrupted(ws):
+        raise KeyboardInterrupt
+
+    step.add(interrupted, jit=False)
+    session = jaxjob.Session()
+    session.run(init)
+    before = session.workspace["w"]
+    with pytest.raises(KeyboardInterrupt):
+        session.run(step)
+    np.testing.assert_array_equal(np.asarray(session.workspace["w"]), np.arange(4.0) + 1)
+    assert before.is_deleted() and session.partial
+    session.run(init)
+    assert not session.partial

@@ -3,10 +3,14 @@
 import json
 import logging
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
+import paths
 import pytest
 
 import jaxjob
@@ -157,3 +161,112 @@ def test_a_multi_node_manager_resumes_every_node_from_its_local_tier(tmp_path, c
     assert "Resuming from epoch 3 of the local tier" in caplog.text
     np.testing.assert_array_equal(again.workspace["x"], first.workspace["x"])
     assert again.workspace["cursor"] == first.workspace["cursor"] == 4
+
+
+def test_a_local_tier_through_a_symlink_into_the_db_prefix_is_refused(tmp_path):
+    """A link that leads into the db_prefix is followed: the real locations overlap."""
+    (tmp_path / "ckpt").mkdir()
+    os.symlink(tmp_path / "ckpt", tmp_path / "alias")
+    with pytest.raises(ValueError, match=r"overlaps the db_prefix") as err:
+        jaxjob.CheckpointManager(
+            str(tmp_path / "ckpt"), local=jaxjob.LocalTier(f"{tmp_path}/alias/fast/{{process}}")
+        )
+    message = str(err.value)
+    assert f"'{tmp_path}/alias/fast/{{process}}'" in message and f"'{tmp_path}/ckpt'" in message
+    assert f"really {tmp_path}/ckpt/fast/0" in message  # the real location, not yet made
+
+
+def test_a_db_prefix_through_a_symlink_into_the_local_tier_is_refused(tmp_path):
+    (tmp_path / "fast").mkdir()
+    os.symlink(tmp_path / "fast", tmp_path / "alias")
+    with pytest.raises(ValueError, match=r"overlaps the db_prefix"):
+        jaxjob.CheckpointManager(
+            str(tmp_path / "alias" / "ckpt"), local=jaxjob.LocalTier(str(tmp_path / "fast"))
+        )
+
+
+@pytest.fixture
+def bind_mount(tmp_path):
+    """``bind(source, target)``: ``mount --bind`` (unmounted after the test); skips where
+    mounting is not permitted (not root, or no CAP_SYS_ADMIN in this container)."""
+    mounted = []
+
+    def bind(source, target):
+        os.makedirs(target, exist_ok=True)
+        proc = subprocess.run(
+            ["mount", "--bind", str(source), str(target)], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            pytest.skip(f"mount --bind is not permitted here: {proc.stderr.strip()}")
+        mounted.append(target)
+
+    yield bind
+    for target in reversed(mounted):
+        subprocess.run(["umount", str(target)], check=True)
+
+
+def test_a_local_tier_on_a_bind_mount_of_the_db_prefix_is_refused(tmp_path, bind_mount):
+    """A bind mount shows the db_prefix under another path that no link resolves: the
+    device and inode of the directories give it away."""
+    (tmp_path / "ckpt").mkdir()
+    bind_mount(tmp_path / "ckpt", tmp_path / "mnt")
+    with pytest.raises(ValueError, match=r"overlaps the db_prefix") as err:
+        jaxjob.CheckpointManager(
+            str(tmp_path / "ckpt"), local=jaxjob.LocalTier(f"{tmp_path}/mnt/{{process}}")
+        )
+    assert f"process 0's local directory '{tmp_path}/mnt/0'" in str(err.value)
+    assert "lies inside the db_prefix" in str(err.value)
+
+
+def test_a_db_prefix_on_a_bind_mount_of_the_local_tier_is_refused(tmp_path, bind_mount):
+    (tmp_path / "fast").mkdir()
+    bind_mount(tmp_path / "fast", tmp_path / "mnt")
+    with pytest.raises(ValueError, match=r"overlaps the db_prefix"):
+        jaxjob.CheckpointManager(
+            str(tmp_path / "mnt" / "run" / "ckpt"), local=jaxjob.LocalTier(str(tmp_path / "fast"))
+        )
+
+
+def test_a_bind_mount_beside_the_db_prefix_is_accepted(tmp_path, bind_mount):
+    (tmp_path / "disk" / "ckpt").mkdir(parents=True)
+    (tmp_path / "disk" / "fast").mkdir()
+    bind_mount(tmp_path / "disk" / "fast", tmp_path / "mnt")
+    jaxjob.CheckpointManager(
+        str(tmp_path / "disk" / "ckpt"), local=jaxjob.LocalTier(f"{tmp_path}/mnt/{{process}}")
+    ).close()
+
+
+def _launch_two(ckpt, *locals_):
+    """Two processes of one job on this machine (jaxjob launch, 127.0.0.1) build a two-tier
+    manager with each of ``locals_``: ``(exit status, {(local, process): (kind, message)},
+    output)``."""
+    argv = [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable]
+    script = os.path.join(paths.JOBS, "mp_local_tier.py")
+    proc = subprocess.run(
+        [*argv, script, str(ckpt), *map(str, locals_)], capture_output=True, text=True, timeout=180
+    )
+    output = proc.stdout + proc.stderr
+    records = {}
+    for line in output.splitlines():
+        match = re.match(r"\[process=\d+\] (MADE|REFUSED) (.*)", line)
+        if match:
+            record = json.loads(match.group(2))
+            records[record["local"], record["process"]] = (match.group(1), record.get("message"))
+    return proc.returncode, records, output
+
+
+def test_two_processes_of_one_machine_without_process_in_the_path_are_refused(tmp_path):
+    """Without {process} both processes would share one local directory (a lock error, then
+    an abort): every process refuses it at construction, naming the path and the fix; with
+    {process} the same job builds its manager."""
+    shared, own = f"{tmp_path}/fast", f"{tmp_path}/fast/{{process}}"
+    code, records, output = _launch_two(tmp_path / "ckpt", shared, own)
+    assert code == 0 and sorted(records) == sorted(
+        [(shared, 0), (shared, 1), (own, 0), (own, 1)]
+    ), output[-3000:]
+    for process in (0, 1):
+        kind, message = records[shared, process]
+        assert kind == "REFUSED", output[-3000:]
+        assert f"LocalTier path '{shared}'" in message, message
+        assert "processes 0 and 1" in message and "add {process}" in message, message
+        assert records[own, process] == ("MADE", None), output[-3000:]

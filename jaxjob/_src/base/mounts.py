@@ -1,16 +1,33 @@
-"""Which file system a local path lies on, from the mount table (Linux ``/proc/self/mounts``).
+"""Where a local path lies: its file system (the mount table), and its real location.
 
 A checkpoint on a RAM disk (``tmpfs``, ``ramfs``) is read through a memory
 map (:mod:`jaxjob._src.internals.orbax_private`): its pages are already in
 memory, and a read through a map can fail with no I/O error there.
+
+Two paths name the same directory through a symbolic link (resolved) or a
+bind mount (which no link reveals: the directory keeps its device and
+inode under the other path). :func:`real_location` and :func:`inside`
+compare paths by those, and :func:`machine` names this machine's view of
+its files (kernel boot, mount namespace), for processes that compare paths
+with each other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import socket
 
-__all__ = ["RAM_FILESYSTEMS", "filesystem_type", "ram_backed"]
+__all__ = [
+    "RAM_FILESYSTEMS",
+    "Location",
+    "filesystem_type",
+    "inside",
+    "machine",
+    "ram_backed",
+    "real_location",
+]
 
 RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 _MOUNTS = "/proc/self/mounts"
@@ -73,3 +90,87 @@ def ram_backed(path: str) -> bool:
         False
     """
     return filesystem_type(os.path.realpath(path)) in RAM_FILESYSTEMS
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """Where a local path really is: its nearest existing directory, identified, and the rest.
+
+    Attributes:
+        real: The path with every symbolic link resolved (its missing tail as given).
+        existing: The nearest existing directory of ``real`` (``real`` itself if it exists).
+        chain: ``(st_dev, st_ino)`` of ``existing`` and of each directory above it, up to ``/``.
+        rest: The components of ``real`` below ``existing`` (not made yet).
+    """
+
+    real: str
+    existing: str
+    chain: tuple[tuple[int, int], ...]
+    rest: tuple[str, ...]
+
+    def key(self) -> list[int | str]:
+        """The same on one machine for two paths of the same directory (JSON: lists and scalars)."""
+        return [*self.chain[0], *self.rest]
+
+
+def real_location(path: str) -> Location:
+    """The real location of the local ``path``, which need not exist yet.
+
+    Example:
+        >>> where = real_location("/proc/no/such/dir")
+        >>> where.existing, where.rest
+        ('/proc', ('no', 'such', 'dir'))
+    """
+    real = os.path.realpath(os.path.abspath(path))
+    existing, rest = real, []
+    while not os.path.isdir(existing):
+        existing, tail = os.path.split(existing)
+        rest.insert(0, tail)
+    chain, directory = [], existing
+    while True:
+        found = os.stat(directory)
+        chain.append((found.st_dev, found.st_ino))
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return Location(real, existing, tuple(chain), tuple(rest))
+
+
+def inside(inner: Location, outer: Location) -> bool:
+    """Whether ``inner`` is ``outer`` or lies below it (through any link or bind mount).
+
+    ``outer``'s nearest existing directory must be one of the directories
+    above ``inner`` (by device and inode), and ``outer``'s missing tail the
+    start of the path from there down to ``inner``.
+
+    Example:
+        >>> inside(real_location("/proc/a/b"), real_location("/proc/a"))
+        True
+        >>> inside(real_location("/proc/ab"), real_location("/proc/a"))
+        False
+    """
+    anchor = outer.chain[0]
+    if anchor not in inner.chain:
+        return False
+    up = inner.chain.index(anchor)  # how many directories inner's existing one is below it
+    parts = [part for part in inner.existing.split("/") if part]
+    path = (*parts[len(parts) - up :], *inner.rest)
+    return path[: len(outer.rest)] == outer.rest
+
+
+def machine() -> str:
+    """This machine's view of its files: host name, kernel boot and mount namespace.
+
+    Two processes with the same answer see the same directory under the same path.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    try:
+        mounts = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        mounts = "?"
+    return f"{socket.gethostname()} (boot {boot}, {mounts})"

@@ -11,7 +11,8 @@ C++ (JAX's preemption notifier), which ``signal.getsignal`` cannot see.
 
 SIGINT (Ctrl-C), unless it is one of those signals, interrupts as usual,
 except inside Orbax's calls that start a save or wait for one
-(:class:`DeferredInterrupt`: interrupted there, Orbax loses the save); the
+(:class:`DeferredInterrupt`: interrupted there, Orbax loses the save) and
+inside a session's call of a jitted program and swap to its results; the
 runner then completes the save in flight under :class:`HeldSignal` (further
 Ctrl-Cs are logged and ignored) before the KeyboardInterrupt propagates.
 """
@@ -196,7 +197,10 @@ class DeferredInterrupt:
 
     Interrupted inside ``Thread.join`` (CPython 3.11 marks the thread stopped
     while it runs) or inside Orbax's start of a save, Orbax loses the save
-    and its background thread fails at the interpreter's exit. Only
+    and its background thread fails at the interpreter's exit; interrupted
+    between a jitted program's call, which donates the workspace's buffers,
+    and the session's swap to its results, the session would hold deleted
+    arrays (:meth:`jaxjob.Session.run`). Only
     Python's own SIGINT handler is replaced, and only on the main thread;
     another handler (a preemption watch, :class:`HeldSignal`, the user's) is
     left alone.

@@ -10,10 +10,11 @@ import jax
 import numpy as np
 
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.base.preemption import DeferredInterrupt
 from jaxjob._src.core.task import Task, TaskGroup
 from jaxjob._src.core.workspace import Workspace
 
-__all__ = ["Session"]
+__all__ = ["Session", "consumed"]
 
 logger = get_logger(__name__)
 
@@ -217,6 +218,12 @@ class Session:
             the epoch group that returns one must keep its structure, dtypes
             and shapes: it raises as it returns otherwise (see ``run``'s
             ``keep_traced``). The runner sets them on resume.
+        partial: True after :meth:`run` raised (an exception, Ctrl-C) part-way
+            through a group whose jitted programs had consumed (donated) the
+            workspace's buffers: :attr:`workspace` then holds the group's
+            latest live values, neither those before the group nor after it.
+            False after a run that completed or raised before any donation
+            (:attr:`workspace` is then as before the group).
 
     Example:
         >>> import jax.numpy as jnp, jaxjob
@@ -231,10 +238,13 @@ class Session:
         (2.0, ['x'])
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     def __init__(self, workspace: Mapping[str, Any] | None = None) -> None:
         self.workspace = Workspace(workspace)
         self.key_nodes: dict[str, str] = {}
         self.traced_names: set[str] = set()
+        self.partial = False
         self._compiled: dict[TaskGroup, tuple[tuple[Task, ...], list[Step]]] = {}
 
     @property
@@ -264,6 +274,12 @@ class Session:
     ) -> Workspace:
         """Runs ``group`` on the workspace.
 
+        The workspace never holds a donated buffer, whatever interrupts the
+        run: a program's call and the workspace's swap to its results are
+        one step that Ctrl-C cannot split (a KeyboardInterrupt meanwhile is
+        raised right after it; see :attr:`partial`). A Ctrl-C during a
+        program's first call, which compiles it, is raised once it returns.
+
         Args:
             group: The group.
             before_program: Called with the run's workspace before each
@@ -284,15 +300,41 @@ class Session:
         before = set(self._workspace)
         ws = self._workspace
         traced = self.traced_names if keep_traced or group.persistent else set()
+        self.partial = False
         for step in self.steps(group):
             if isinstance(step, Program):
                 ws = ws if before_program is None else before_program(ws)
                 if group.persistent:
                     self.traced_names.update(step.set_names(ws))
-                ws = step(ws)
+                ws = self._swap(step, ws, before, group.persistent)
             else:
                 ws = step(ws, traced)
             if group.persistent:
                 self.key_nodes.update(step.producers)
-        self._workspace = ws if group.persistent else ws.select(before)
+        with DeferredInterrupt() as deferred:
+            self._workspace, self.partial = (ws if group.persistent else ws.select(before)), False
+        deferred.raise_if_received()
         return ws
+
+    def _swap(
+        self, program: Program, ws: Workspace, before: set[str], persistent: bool
+    ) -> Workspace:
+        """Runs ``program`` on ``ws``; the session's workspace moves to its live results at once.
+
+        The call donates buffers that the session's workspace may hold: from
+        the call until the workspace holds the results, SIGINT is held back
+        (:class:`~jaxjob._src.base.preemption.DeferredInterrupt`) and its
+        KeyboardInterrupt raised after.
+        """
+        with DeferredInterrupt() as deferred:
+            ws = program(ws)
+            if consumed(self._workspace):
+                self._workspace = ws if persistent else ws.select(before)
+                self.partial = True
+        deferred.raise_if_received()
+        return ws
+
+
+def consumed(ws: Mapping[str, Any]) -> bool:
+    """Whether a ``jax.Array`` leaf of ``ws`` was donated (deleted)."""
+    return any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(ws))

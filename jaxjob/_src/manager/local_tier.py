@@ -10,6 +10,11 @@ process writes the shards it holds and its host-local leaves, waiting on no
 other process, and commits atomically and durably. Resume takes the newest
 epoch that is committed and intact in every process's local tier, or the
 persistent tier's when that is newer (or the local one cannot be used).
+
+:func:`check_placement` refuses, as the manager is made, a local tier that
+overlaps the db_prefix (by real location: links resolved, directories
+compared by device and inode, so that a bind mount is seen through too) and
+one directory shared by several processes of one machine.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from jaxjob._src.base import fs
+import jax
+
+from jaxjob._src.base import fs, mounts
 from jaxjob._src.base.checks import is_int
 from jaxjob._src.manager import keep as keep_lib
+from jaxjob._src.multihost import hosts
 
-__all__ = ["LOCAL", "PERSISTENT", "LocalTier"]
+__all__ = ["LOCAL", "PERSISTENT", "LocalTier", "check_placement"]
 
 PERSISTENT = "persistent"  # the tier of db_prefix
 LOCAL = "local"  # the tier of LocalTier.path
@@ -44,8 +52,10 @@ class LocalTier:
         path: A local directory (a RAM disk such as ``/dev/shm/run`` is
             fastest); ``{process}`` in it becomes the process index, so
             that several processes on one machine get their own directories.
-            In a multi-process job without ``{process}``, each process still
-            needs its own directory (one per host). ``~`` is expanded.
+            Without ``{process}``, a job with several processes on one machine
+            is refused as its manager is made (one process per machine may
+            omit it). The directory must neither hold nor lie inside the
+            db_prefix, through links or bind mounts either. ``~`` is expanded.
         every_epochs: Save when this many epochs have passed since the last
             save (None: on time alone).
         every_seconds: Save when this much wall time has passed since the
@@ -63,6 +73,8 @@ class LocalTier:
         ...
         ValueError: LocalTier needs every_epochs or every_seconds (or both), got neither
     """
+
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
 
     path: str
     every_epochs: int | None = 1
@@ -101,3 +113,82 @@ class LocalTier:
     def directory(self, process: int) -> str:
         """The local directory of ``process`` (absolute, ``~`` expanded)."""
         return fs.normalize(self.path.format(process=process), "LocalTier path")
+
+
+def check_placement(tier: LocalTier | None, db_prefix: str, *, timeout_s: float) -> None:
+    """Refuses a local tier that overlaps ``db_prefix`` or that processes of one machine share.
+
+    The local directories of processes 0, 1 and this one are compared with
+    ``db_prefix`` by real location (:func:`~jaxjob._src.base.mounts.inside`):
+    neither may hold the other. In a multi-process job every process posts
+    its verdict and its directory's real location (one exchange, before any
+    lock is taken), and every process raises the same error.
+
+    Raises:
+        ValueError: Naming the LocalTier path, the db_prefix or the
+            processes, and the real locations.
+        HostTimeoutError: If another process does not make its manager in time.
+    """
+    if tier is None:
+        return
+    me = jax.process_index()
+    where = mounts.real_location(tier.directory(me))
+    problem = _overlap(tier, db_prefix, {0, 1, me} if jax.process_count() > 1 else {0, 1})
+    if jax.process_count() == 1:
+        if problem is not None:
+            raise ValueError(problem)
+        return
+    posts = hosts.exchange(
+        "the check of the local tier's directories",
+        {"machine": mounts.machine(), "where": where.key(), "real": where.real, "problem": problem},
+        timeout_s=timeout_s,
+    )
+    for process, post in enumerate(posts):
+        if post["problem"] is not None:
+            raise ValueError(f"{post['problem']} (seen by process {process})")
+    sharing: dict[str, list[int]] = {}
+    for process, post in enumerate(posts):
+        sharing.setdefault(repr((post["machine"], post["where"])), []).append(process)
+    for processes in sharing.values():
+        if len(processes) > 1:
+            raise ValueError(_shared(tier, processes, posts[processes[0]]))
+
+
+def _overlap(tier: LocalTier, db_prefix: str, processes: set[int]) -> str | None:
+    """Why the local directories of ``processes`` and ``db_prefix`` overlap, or None."""
+    if fs.is_remote(db_prefix):
+        return None  # a bucket is never a local directory
+    prefix = mounts.real_location(db_prefix)
+    for process in sorted(processes):
+        directory = tier.directory(process)
+        local = mounts.real_location(directory)
+        below, above = mounts.inside(local, prefix), mounts.inside(prefix, local)
+        if not (below or above):
+            continue
+        relation = "is the same directory as" if below and above else "lies inside"
+        if above and not below:
+            relation = "holds"
+        return (
+            f"LocalTier path {tier.path!r} overlaps the db_prefix {db_prefix!r}: the two tiers "
+            "need directories apart (the local tier's retention would delete persistent "
+            f"checkpoints); process {process}'s local directory {directory!r} (really "
+            f"{local.real}) {relation} the db_prefix (really {prefix.real}; compared with links "
+            "resolved and by device and inode, which a bind mount keeps); put the local tier "
+            "elsewhere, e.g. /dev/shm/<run>/{process}"
+        )
+    return None
+
+
+def _shared(tier: LocalTier, processes: list[int], post: dict) -> str:
+    """The error for ``processes`` of one machine that would share one local directory."""
+    named = " and ".join(map(str, processes)) if len(processes) < 4 else f"{processes}"
+    fix = (
+        f"add {{process}} to the path, e.g. {tier.path.rstrip('/') + '/{process}'!r}"
+        if "{process}" not in tier.path
+        else "give each process its own directory (no link or bind mount joining them)"
+    )
+    return (
+        f"LocalTier path {tier.path!r} is one directory ({post['real']}) for processes "
+        f"{named}, which run on one machine ({post['machine']}): each process writes and "
+        f"locks its own local directory; {fix}"
+    )
