@@ -53,6 +53,23 @@ class UnstorableLeafError(TypeError):
     shape.
     """
 
+    __module__ = "jaxjob"  # its public name: tracebacks and pickles say jaxjob.X
+
+
+def _check_int64(leaf: Any, path: str) -> None:
+    """Refuses a Python int that int64 (its stored dtype) cannot hold.
+
+    Raises:
+        UnstorableLeafError: Naming the key path, the value and int64's range.
+    """
+    if type(leaf) is int and not -(2**63) <= leaf < 2**63:
+        shown = repr(leaf) if leaf.bit_length() <= 256 else f"an int of {leaf.bit_length()} bits"
+        raise UnstorableLeafError(
+            f"cannot checkpoint the Python int at {path} ({shown}): it is outside int64's "
+            "range [-2**63, 2**63 - 1], which a checkpoint stores Python ints as; store it "
+            "as a str, or split it into int64 words (a NumPy array)"
+        )
+
 
 def check_storable(spec: LeafSpec, dtype: Any) -> None:
     """Refuses a leaf that Orbax would store as an array of ``dtype`` but cannot.
@@ -148,6 +165,7 @@ class LeafSpec:
             kind = Kind.NUMPY if isinstance(leaf, np.ndarray) else Kind.NUMPY_SCALAR
             return cls(name, path, kind, str(leaf.dtype), tuple(np.shape(leaf)))
         if isinstance(leaf, bool | int | float):
+            _check_int64(leaf, path)
             return cls(name, path, Kind.PYTHON, type(leaf).__name__, ())
         raise UnstorableLeafError(
             f"cannot checkpoint the leaf at {path} of type {type(leaf).__name__}; {SUPPORTED}"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from jaxjob._src.base import errors
 from jaxjob._src.base.checks import is_int
 from jaxjob._src.base.leaves import Kind
 
@@ -120,6 +121,8 @@ class ProcessCountError(ValueError):
         count: This job's process count.
     """
 
+    __module__ = "jaxjob"  # its public name: tracebacks and pickles say jaxjob.X
+
     def __init__(self, leaves: Sequence[str], saved_count: int, count: int) -> None:
         super().__init__(
             f"host-local leaves {list(leaves)} were saved by {saved_count} processes but this "
@@ -127,6 +130,9 @@ class ProcessCountError(ValueError):
             "this job, the saved process whose copy it gets), e.g. host_map=lambda p: 0"
         )
         self.leaves, self.saved_count, self.count = list(leaves), saved_count, count
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return errors.pickled(self)
 
 
 def row_for_this_process(

@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxjob._src.checkpoint import codec, keypaths
 
-__all__ = ["Plan", "ShardingRule", "plan"]
+__all__ = ["Plan", "ShardingRule", "check_sharding_paths", "plan"]
 
 
 def _is_value_attr(path: tuple) -> bool:
@@ -90,6 +90,48 @@ class ShardingRule:
             if len(prefix) > best and segments[: len(prefix)] == prefix:
                 best, found = len(prefix), sharding
         return found or _default_device_sharding()
+
+
+def check_sharding_paths(
+    sharding: Any, chosen: Mapping[str, keypaths.Selection], state: Mapping[str, Any]
+) -> None:
+    """Raises if a key path of a ``sharding=`` mapping's pytrees matches no saved node.
+
+    A key of the mapping is a restored key (its pytree is under that
+    selection) or a saved name; its pytree's key paths must lead to nodes the
+    checkpoint holds under it (a prefix is a subtree's sharding). Keys that
+    match neither are left to the caller.
+
+    Raises:
+        KeyError: Naming the first key path that matches nothing and the keys
+            at the deepest level it reaches.
+    """
+    if not isinstance(sharding, Mapping):
+        return
+    for key, tree in sharding.items():
+        if key in chosen:
+            name, base = chosen[key].name, chosen[key].segments
+        elif key in state:
+            name, base = key, ()
+        else:
+            continue
+        present = {segs for segs, _ in keypaths.nodes(state[name])}
+        for path, _ in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_sharding)[0]:
+            segments = (*base, *keypaths.entry_segments(path))
+            if segments not in present:
+                raise _unmatched(key, path, segments, present, name)
+
+
+def _unmatched(key: Any, path: tuple, segments: tuple, present: set, name: str) -> KeyError:
+    depth = max(i for i in range(len(segments)) if segments[:i] in present)
+    level = segments[:depth]
+    there = sorted(s[-1] for s in present if len(s) == depth + 1 and s[:depth] == level)
+    at = f"[{name!r}]" + "".join(f"[{s!r}]" for s in level)
+    return KeyError(
+        f"sharding= key path [{key!r}]{jax.tree_util.keystr(path)} matches nothing in the "
+        f"checkpoint; the keys at {at} are {there}{' (a leaf)' if not there else ''}: a "
+        "sharding pytree may be a prefix of the saved tree, with its keys"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

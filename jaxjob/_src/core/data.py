@@ -23,9 +23,7 @@ Two kinds, and one rule for a changed process count:
 from __future__ import annotations
 
 import collections.abc
-import inspect
 import io
-import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -34,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxjob._src.base.log import warn
+from jaxjob._src.core import reads
 from jaxjob._src.core.index_cursor import IndexCursor
 from jaxjob._src.core.stateful import Stateful, has_state, is_iterator
 from jaxjob._src.core.workspace import Workspace
@@ -146,8 +145,11 @@ def warn_unsaved_iterators(tasks: Iterable[Any], warned: set[str]) -> None:
     closure variable, a global, a default argument) restarts from its
     beginning in a resumed run: the job then reads other samples than an
     uninterrupted one, silently. Open files (iterators too) are left alone:
-    a task may write a log. Only the names the function itself refers to
-    are looked at, not those of the functions it calls.
+    a task may write a log. The function's code is read, not run: its
+    comprehensions, lambdas and nested functions, and the helper functions
+    it calls (to :data:`~jaxjob._src.core.reads.MAX_DEPTH` calls deep; not
+    library code), with the globals, closure variables, defaults and module
+    or object attributes they name (:mod:`jaxjob._src.core.reads`).
 
     Args:
         tasks: The epoch group's tasks.
@@ -181,15 +183,9 @@ def warn_unsaved_iterators(tasks: Iterable[Any], warned: set[str]) -> None:
 
 
 def _iterators_of(fn: Any) -> list[tuple[str, Any]]:
-    """The (name, value) of the stateless iterators a plain function refers to."""
-    if not isinstance(fn, types.FunctionType):
-        return []
-    found = inspect.getclosurevars(fn)
-    named = {**found.globals, **found.nonlocals}
-    defaults = inspect.signature(fn).parameters.values()
-    named.update({p.name: p.default for p in defaults if p.default is not p.empty})
+    """The (name, value) of the stateless iterators a task's function or its helpers read."""
     return [
         (name, value)
-        for name, value in named.items()
+        for name, value in reads.named_objects(fn)
         if is_iterator(value) and not has_state(value) and not isinstance(value, io.IOBase)
     ]

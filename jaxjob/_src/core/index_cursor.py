@@ -46,6 +46,8 @@ class IndexCursor:
         ([[0, 1], [2, 3], [4, 0]], [1, 1])
     """
 
+    __module__ = "jaxjob.data"  # its public path, in reprs, help() and pickles
+
     def __init__(self, data: Any, *, batch_size: int, shuffle_seed: int | None = None) -> None:
         lengths = {np.shape(leaf)[0] if np.ndim(leaf) else 0 for leaf in jax.tree.leaves(data)}
         if len(lengths) != 1 or 0 in lengths:

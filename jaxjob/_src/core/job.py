@@ -48,6 +48,8 @@ class Job(Context):
         ['local']
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     _kind = "job"
 
     def __init__(

@@ -63,6 +63,8 @@ class Stateful:
         ([1, 2], {'n': 2})
     """
 
+    __module__ = "jaxjob.data"  # its public path, in reprs, help() and pickles
+
     def __init__(
         self, loader: Any, *, shared: bool = False, max_state_bytes: int = 1 << 14
     ) -> None:

@@ -56,6 +56,8 @@ class Node(Context):
         'local'
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     _kind = "node"
 
     def __init__(self, name: str) -> None:
@@ -104,6 +106,8 @@ class Task:
         ['one']
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     def __init__(self, fn: TaskFn, *, jit: bool | None = None, name: str | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"Task fn must be callable, got {type(fn).__name__}")
@@ -130,10 +134,17 @@ class Task:
         """
         if result is None:
             return {}
-        if not isinstance(result, Mapping) or not all(isinstance(k, str) for k in result):
+        if not isinstance(result, Mapping):
             raise TypeError(
                 f"task {self.name!r} must return a mapping of names to pytrees or None, "
                 f"got {type(result).__name__}"
+            )
+        bad = next((k for k in result if not isinstance(k, str) or not k), None)
+        if bad is not None:
+            raise TypeError(
+                f"task {self.name!r} returned the name {bad!r} ({type(bad).__name__}): "
+                "workspace names must be non-empty str (a pytree under a name may have "
+                "other keys)"
             )
         result = dict(result)
         for path, leaf in jax.tree_util.tree_flatten_with_path(result)[0]:
@@ -167,6 +178,8 @@ class TaskGroup(Context):
         >>> group.add(lambda ws: {"y": ws["x"] + 1}, name="two").name
         'two'
     """
+
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
 
     _kind = "group"
 

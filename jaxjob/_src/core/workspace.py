@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["Workspace"]
+__all__ = ["Workspace", "check_names"]
 
 
 class Workspace(Mapping[str, Any]):
@@ -33,6 +33,8 @@ class Workspace(Mapping[str, Any]):
         >>> sorted(ws2.remove("step"))
         ['lr']
     """
+
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
 
     __slots__ = ("_data",)
 
@@ -78,14 +80,32 @@ class Workspace(Mapping[str, Any]):
         return Workspace({k: v for k, v in self._data.items() if k in keep})
 
 
+def check_names(names: Iterable[Any], argument: str) -> None:
+    """Raises unless every one of ``names`` is a non-empty ``str`` (a workspace name).
+
+    Raises:
+        TypeError: Naming ``argument`` and the first name that is not.
+
+    Example:
+        >>> check_names(["params", 3], "leaves")
+        Traceback (most recent call last):
+        TypeError: leaves: names must be non-empty strings, got 3 (int); a workspace ...
+    """
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"{argument}: names must be non-empty strings, got {name!r} "
+                f"({type(name).__name__}); a workspace name (a top-level key) is a string "
+                "(the pytree under it may have other keys)"
+            )
+
+
 def _checked(mapping: Any, argument: str) -> dict[str, Any]:
     if not isinstance(mapping, Mapping):
         raise TypeError(
             f"{argument} must be a mapping of names to pytrees, got {type(mapping).__name__}"
         )
-    bad = [k for k in mapping if not isinstance(k, str) or not k]
-    if bad:
-        raise TypeError(f"{argument}: workspace names must be non-empty strings, got {bad!r}")
+    check_names(mapping, argument)
     return dict(mapping)
 
 

@@ -68,6 +68,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint._src import asyncio_utils
 from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
 from orbax.checkpoint._src.path import async_path, atomicity, atomicity_types
 from orbax.checkpoint._src.serialization import serialization, tensorstore_utils
@@ -420,13 +421,15 @@ _install_lock = threading.Lock()
 
 
 def install() -> None:
-    """Puts jaxjob's replacements of two Orbax functions in place; later calls do nothing.
+    """Puts jaxjob's replacements of three Orbax functions in place; later calls do nothing.
 
     ``tensorstore_utils.build_kvstore_tspec`` becomes :func:`_kvstore_tspec`
     (``s3://``; no per-file fsync under a :class:`DurableRename`) and
     ``serialization._read_shard`` becomes
     :func:`jaxjob._src.internals.restore_buffers.read_shard` (64-byte aligned
-    restore buffers). Orbax looks both up on their modules at call time.
+    restore buffers), and ``asyncio_utils._run_sync_via_new_loop`` becomes
+    :func:`_run_to_the_end` (no read left in flight on a closed event loop).
+    Orbax looks all three up on their modules at call time.
     :func:`checkpointer` calls it, so every checkpoint jaxjob opens has them
     (and :meth:`DurableRename.create`, whose fsync skipping needs the first).
     """
@@ -436,7 +439,40 @@ def install() -> None:
             return
         tensorstore_utils.build_kvstore_tspec = _kvstore_tspec
         serialization._read_shard = read_shard
+        asyncio_utils._run_sync_via_new_loop = _run_to_the_end
         _installed = True
+
+
+def _run_to_the_end(coro: Any) -> Any:
+    """Orbax's ``asyncio_utils._run_sync_via_new_loop``, closing its loop only once it is idle.
+
+    Orbax runs each synchronous read or write in a fresh event loop and
+    closes it as soon as the top coroutine returns. When one of the reads it
+    gathers fails (a checkpoint that a live writer's retention deleted
+    meanwhile), the others are still in flight: their TensorStore futures
+    and worker threads later deliver their results to the closed loop, which
+    printed ``RuntimeError: Event loop is closed`` tracebacks (and ``Exception
+    ignored`` for the coroutines destroyed pending). Here the loop first runs
+    every task left on it to its end (their exceptions retrieved), then closes.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            _finish_tasks(loop)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _finish_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Runs ``loop`` until no task is left on it (a task may start others meanwhile)."""
+    pending = asyncio.all_tasks(loop)
+    while pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        pending = asyncio.all_tasks(loop)
 
 
 # ---- checksum files ------------------------------------------------------------------------
@@ -446,7 +482,7 @@ class ManifestHandler(ocp.JsonCheckpointHandler):
     """Orbax's JSON handler for the manifest; every process also writes its checksum file.
 
     A document with a ``checksum_file()`` method
-    (:class:`jaxjob._src.checkpoint.checksum.PendingManifest`) gives this process's
+    (a pending manifest, made by the save) gives this process's
     file: written by the commit of a :class:`DurableRename` that this process runs
     (hashed while the commit flushes the data), else here, waiting in Orbax's
     background thread for its checksums.

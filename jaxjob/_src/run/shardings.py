@@ -25,11 +25,19 @@ import jax
 import numpy as np
 
 from jaxjob._src.base.log import get_logger
+from jaxjob._src.checkpoint import keypaths
 from jaxjob._src.core.session import Program, Session
 from jaxjob._src.core.task import TaskGroup
 from jaxjob._src.core.workspace import Workspace
 
-__all__ = ["epoch_shardings", "movable", "moved", "run_epoch_group", "traced_shardings"]
+__all__ = [
+    "as_saved",
+    "epoch_shardings",
+    "movable",
+    "moved",
+    "run_epoch_group",
+    "traced_shardings",
+]
 
 logger = get_logger(__name__)
 
@@ -150,6 +158,38 @@ def moved(leaf: Any, target: Any) -> Any:
     return jax.device_put(leaf, sharding)
 
 
+def as_saved(manager: Any, epoch: int, targets: dict[str, Any]) -> dict[str, Any]:
+    """Restore targets, with their saved shardings, for the saved names ``targets`` lacks.
+
+    The names that no jitted init task sets (a host task's: it is never
+    called on resume) have no traced target. Without one they would land on
+    the default device; on the devices that saved the checkpoint each of
+    their ``jax.Array`` leaves (a 0-d one too) is restored with the sharding
+    it was saved with instead, and the tree comes back as saved (dicts,
+    lists, tuples, None). On other devices there is none to give: empty.
+
+    Args:
+        manager: The manager restoring (``saved_shapes`` and ``saved_targets``).
+        epoch: The epoch restored.
+        targets: The traced targets (those names are left out).
+    """
+    placed = manager.saved_targets(epoch)
+    if placed is None:
+        return {}
+    found = {}
+    for name, tree in manager.saved_shapes(epoch).items():
+        if name not in targets:
+            flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+            leaves = [_placed(placed, name, path, leaf) for path, leaf in flat]
+            found[name] = jax.tree_util.tree_unflatten(treedef, leaves)
+    return found
+
+
+def _placed(placed: dict[tuple[str, ...], Any], name: str, path: tuple, leaf: Any) -> Any:
+    """The saved leaf with its saved sharding; host-local leaves (not in ``placed``) as they are."""
+    return placed.get((name, *keypaths.entry_segments(path)), leaf)
+
+
 def movable(ws: Workspace) -> Workspace:
     """``ws`` restored, with its arrays on this process's first device alone made uncommitted.
 
@@ -158,9 +198,19 @@ def movable(ws: Workspace) -> Workspace:
     with arrays on a mesh, and JAX moves it there. Restored, it would be
     committed to that device, and the same program, resumed from an epoch
     whose state still holds it (epoch 0), would fail with "incompatible
-    devices". On a single device nothing changes: it is returned as it is.
+    devices". On a single device, where a mesh holds that one device, the
+    program runs either way but gives what it computes from such an array
+    (a step counter plus one) the committed array's sharding type
+    (``SingleDeviceSharding``) instead of the mesh's: uncommitted, the
+    outputs are bitwise what an uninterrupted run's are, shardings included.
+    On a single device with no array on a mesh nothing changes: it is
+    returned as it is.
     """
-    if jax.device_count() == 1:
+    on_mesh = any(
+        isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+        for x in jax.tree.leaves(dict(ws))
+    )
+    if jax.device_count() == 1 and not on_mesh:
         return ws
     first = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
