@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -29,9 +31,11 @@ import jaxjob
 
 BATCH = 64
 tx = optax.adam(1e-3)
+Split = tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]  # (inputs, labels)
+Params = list[dict[str, jax.Array]]  # one {"w", "b"} per layer
 
 
-def load_data():
+def load_data() -> tuple[Split, Split]:
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int32)
@@ -41,8 +45,8 @@ def load_data():
     return (x[:split], y[:split]), (x[split:], y[split:])
 
 
-def init_params(key, sizes=(64, 128, 10)):
-    params = []
+def init_params(key: jax.Array, sizes: tuple[int, ...] = (64, 128, 10)) -> Params:
+    params: Params = []
     for k, (m, n) in zip(
         jax.random.split(key, len(sizes) - 1), zip(sizes, sizes[1:], strict=False), strict=True
     ):
@@ -50,17 +54,18 @@ def init_params(key, sizes=(64, 128, 10)):
     return params
 
 
-def predict(params, x):
+def predict(params: Params, x: jax.typing.ArrayLike) -> jax.Array:
+    x = jnp.asarray(x)
     for layer in params[:-1]:
         x = jax.nn.relu(x @ layer["w"] + layer["b"])
     return x @ params[-1]["w"] + params[-1]["b"]
 
 
-def loss_fn(params, x, y):
-    return optax.softmax_cross_entropy_with_integer_labels(predict(params, x), y).mean()
+def loss_fn(params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(predict(params, x), y))
 
 
-def build_job(train, test, num_epochs):
+def build_job(train: Split, test: Split, num_epochs: int) -> jaxjob.Job:
     (x_train, y_train), (x_test, y_test) = train, test
     steps = len(x_train) // BATCH
     # One mesh axis over every device of every process: batches are split over it. Auto axes,
@@ -74,12 +79,12 @@ def build_job(train, test, num_epochs):
     job = jaxjob.Job()
 
     @job.init_group.task
-    def init(ws):
+    def init(ws: jaxjob.Workspace) -> dict[str, Any]:
         params = jax.lax.with_sharding_constraint(init_params(jax.random.key(0)), replicated)
         return {"params": params, "opt_state": tx.init(params), "rng": jax.random.key(1)}
 
     @job.epoch_group.task
-    def train_epoch(ws):
+    def train_epoch(ws: jaxjob.Workspace) -> dict[str, Any]:
         rng, shuffle_key = jax.random.split(ws["rng"])
         order = jax.random.permutation(shuffle_key, len(x_train))[: steps * BATCH]
         batches = NamedSharding(mesh, P(None, "batch"))
@@ -87,7 +92,7 @@ def build_job(train, test, num_epochs):
         ys = jnp.asarray(y_train)[order].reshape(steps, BATCH)
         xs, ys = jax.lax.with_sharding_constraint((xs, ys), batches)
 
-        def step(carry, batch):
+        def step(carry: tuple[Params, Any], batch: tuple[jax.Array, jax.Array]) -> Any:
             params, opt_state = carry
             loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
             updates, opt_state = tx.update(grads, opt_state, params)
@@ -107,7 +112,7 @@ def build_job(train, test, num_epochs):
     return job
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10, help="total epochs (default 10)")
     parser.add_argument("--ckpt-dir", default="runs/digits", help="checkpoint directory")

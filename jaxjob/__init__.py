@@ -2,8 +2,9 @@
 
 The public names below are imported on first use, so that the ``jaxjob``
 command (``jaxjob --help``, ``jaxjob ls``) starts without importing JAX or
-Orbax. Each public name has one import path: ``jaxjob.<name>``. The
-implementation lives in ``jaxjob._src``, one folder per layer.
+Orbax. Each public name has one import path: ``jaxjob.<name>``; the public
+classes say so themselves (``jaxjob.Preempted`` in a traceback). The
+implementation lives in a private subpackage, one folder per layer.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ _EXPORTS = {  # public name -> the module defining it
     "CorruptCheckpointError": "jaxjob._src.base.errors",
     "Preempted": "jaxjob._src.base.errors",
     "HostTimeoutError": "jaxjob._src.multihost.hosts",
+    "LineageError": "jaxjob._src.checkpoint.run_identity",
+    "MissingExtraError": "jaxjob._src.base.remote",
+    "ProcessCountError": "jaxjob._src.checkpoint.hostlocal",
+    "StorageError": "jaxjob._src.base.remote",
+    "StorageTimeoutError": "jaxjob._src.base.remote",
+    "UnstorableLeafError": "jaxjob._src.checkpoint.codec",
     "Job": "jaxjob._src.core.job",
     "epoch_limiter": "jaxjob._src.core.job",
     "db_name": "jaxjob._src.checkpoint.layout",
@@ -56,9 +63,15 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; the same names as _EXPORTS
     from jaxjob._src.base.errors import CheckpointSaveError as CheckpointSaveError
     from jaxjob._src.base.errors import CorruptCheckpointError as CorruptCheckpointError
     from jaxjob._src.base.errors import Preempted as Preempted
+    from jaxjob._src.base.remote import MissingExtraError as MissingExtraError
+    from jaxjob._src.base.remote import StorageError as StorageError
+    from jaxjob._src.base.remote import StorageTimeoutError as StorageTimeoutError
+    from jaxjob._src.checkpoint.codec import UnstorableLeafError as UnstorableLeafError
+    from jaxjob._src.checkpoint.hostlocal import ProcessCountError as ProcessCountError
     from jaxjob._src.checkpoint.layout import db_name as db_name
     from jaxjob._src.checkpoint.layout import get_ckpt_filename as get_ckpt_filename
     from jaxjob._src.checkpoint.restore import restore as restore
+    from jaxjob._src.checkpoint.run_identity import LineageError as LineageError
     from jaxjob._src.core.job import Job as Job
     from jaxjob._src.core.job import epoch_limiter as epoch_limiter
     from jaxjob._src.core.session import Session as Session

@@ -1,7 +1,7 @@
 """The ``jaxjob`` command line: ``ls``, ``show``, ``export``, ``verify`` and ``launch``.
 
 Parsing and ``--help`` import neither JAX nor Orbax; each subcommand imports
-what it needs when it runs (:mod:`jaxjob._src.cli.commands`, :mod:`jaxjob._src.multihost.launch`). A
+what it needs when it runs (the subcommands' code, or the launcher's). A
 user mistake (a missing directory, an unknown epoch, a pattern matching
 nothing, a ``gs://`` or ``s3://`` path without its extra installed) is one
 line on stderr and exit status 2, never a traceback.

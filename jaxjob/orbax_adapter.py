@@ -2,7 +2,7 @@
 
 Orbax writes each item handler's class path into the checkpoint; checkpoints
 say ``jaxjob.orbax_adapter.ManifestHandler``, so that name stays importable.
-The handler lives in :mod:`jaxjob._src.internals.orbax_private`.
+The handler itself lives with jaxjob's other uses of Orbax's internals.
 """
 
 from jaxjob._src.internals.orbax_private import ManifestHandler as ManifestHandler

@@ -3,7 +3,7 @@
 A job script that writes its final workspace with :func:`dump_workspace` can
 be checked the way jaxjob checks itself: run it once without interruption,
 then run it again killed with SIGKILL at a chosen phase of a save (a fail
-point of :mod:`jaxjob._src.base.faults`) or after a chosen delay, restart it, and
+point of :data:`jaxjob.testing.POINTS`) or after a chosen delay, restart it, and
 compare the two final workspaces bit for bit::
 
     # my_job.py: ... last = jaxjob.JobRunner(job, ckpt).train(session)

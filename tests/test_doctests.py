@@ -3,6 +3,7 @@
 import ast
 import doctest
 import importlib
+import inspect
 import pkgutil
 
 import package_files
@@ -26,11 +27,37 @@ def test_the_doctest_walk_sees_every_module():
     assert {"jaxjob._src.core.task", "jaxjob.keep", "jaxjob._src.base"} <= set(found)
 
 
+class _Finder(doctest.DocTestFinder):
+    """Finds each docstring in the module that defines it, a public class's too.
+
+    A public class says ``jaxjob`` as its ``__module__`` (jaxjob.Preempted in tracebacks), which
+    would hide it from the module that defines it and show it in ``jaxjob`` once loaded there.
+    """
+
+    def _from_module(self, module, object):
+        if inspect.isclass(object) and object.__module__ == "jaxjob":
+            return jaxjob._EXPORTS.get(object.__name__) == module.__name__
+        return super()._from_module(module, object)
+
+
+def _doctests(module):
+    return _Finder().find(importlib.import_module(module))
+
+
+def test_public_classes_examples_are_found_where_defined():
+    """A public class's examples are found in its defining module, and only there."""
+    names = [t.name for t in _doctests("jaxjob._src.base.errors")]
+    assert "jaxjob._src.base.errors.Preempted" in names
+    assert not [t for t in _doctests("jaxjob") if "Preempted" in t.name]
+
+
 @pytest.mark.parametrize("module", _modules())
 def test_docstring_examples_run(module):
     """Every docstring example in the package runs as written."""
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in _doctests(module):
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
 
 
 def _public_names():
@@ -69,6 +96,6 @@ def _path_violations(test, public):
 def test_docstring_examples_use_public_paths(module):
     """Examples reach public names as jaxjob.X (jaxjob.hosts.X), never by a module path or bare."""
     public = _public_names()
-    tests = doctest.DocTestFinder().find(importlib.import_module(module))
+    tests = _doctests(module)
     found = {t.name: v for t in tests if (v := _path_violations(t, public))}
     assert not found, found

@@ -19,6 +19,12 @@ PUBLIC = {
     "CorruptCheckpointError": "jaxjob._src.base.errors",
     "DiskMetadataHandler": "jaxjob._src.manager.metadata",
     "HostTimeoutError": "jaxjob._src.multihost.hosts",
+    "LineageError": "jaxjob._src.checkpoint.run_identity",
+    "MissingExtraError": "jaxjob._src.base.remote",
+    "ProcessCountError": "jaxjob._src.checkpoint.hostlocal",
+    "StorageError": "jaxjob._src.base.remote",
+    "StorageTimeoutError": "jaxjob._src.base.remote",
+    "UnstorableLeafError": "jaxjob._src.checkpoint.codec",
     "Job": "jaxjob._src.core.job",
     "JobRunner": "jaxjob._src.run.runner",
     "JsonlWriter": "jaxjob._src.run.writers",
@@ -82,18 +88,43 @@ def test_public_names_are_pinned():
 
 @pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_each_public_name_is_defined_where_pinned(name):
-    """jaxjob.X comes from its pinned module: a move shows up here."""
+    """jaxjob.X comes from its pinned module, which defines it: a move shows up here. A public
+    class names itself jaxjob.X (its __module__), where users import it from."""
     value = getattr(jaxjob, name)
-    where = value.__name__ if name in jaxjob._SUBMODULES else value.__module__
-    assert where == PUBLIC[name]
-    if name not in jaxjob._SUBMODULES:
-        assert jaxjob._EXPORTS[name] == PUBLIC[name]
+    if name in jaxjob._SUBMODULES:
+        assert value.__name__ == PUBLIC[name]
+        return
+    assert jaxjob._EXPORTS[name] == PUBLIC[name]
+    assert getattr(importlib.import_module(PUBLIC[name]), name) is value
+    assert name in _defined_names(PUBLIC[name])
+    assert value.__module__ == ("jaxjob" if isinstance(value, type) else PUBLIC[name])
+
+
+def _defined_names(module):
+    """The classes and functions that ``module``'s own file defines."""
+    with open(importlib.import_module(module).__file__) as f:
+        tree = ast.parse(f.read())
+    kinds = ast.ClassDef | ast.FunctionDef
+    return {node.name for node in tree.body if isinstance(node, kinds)}
 
 
 def test_the_package_has_no_other_modules():
-    """jaxjob/ itself holds __init__.py, the public re-export modules and _src only."""
+    """jaxjob/ itself holds __init__.py, the public re-export modules, _src and the PEP 561
+    marker py.typed only."""
     names = sorted(n for n in os.listdir(PACKAGE) if n != "__pycache__")
-    assert names == sorted(["__init__.py", "_src", *(m.split(".")[1] + ".py" for m in REEXPORTS)])
+    modules = [m.split(".")[1] + ".py" for m in REEXPORTS]
+    assert names == sorted(["__init__.py", "_src", "py.typed", *modules])
+
+
+def test_the_package_is_typed_for_type_checkers():
+    """jaxjob/py.typed exists and setuptools packages it (PEP 561): type checkers read jaxjob's
+    annotations instead of treating it as untyped."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    assert os.path.isfile(os.path.join(PACKAGE, "py.typed"))
+    with open(os.path.join(os.path.dirname(PACKAGE), "pyproject.toml"), "rb") as f:
+        config = tomllib.load(f)
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["jaxjob"]
 
 
 def _own_statements(module):
@@ -120,6 +151,8 @@ def test_public_modules_only_reexport(module):
     public = importlib.import_module(module)
     source, names = REEXPORTS[module]
     assert public.__all__ == names
+    classes = [getattr(public, n) for n in names if isinstance(getattr(public, n), type)]
+    assert [c for c in classes if c.__module__ not in (module, "jaxjob")] == []
     assert all(getattr(public, n) is getattr(importlib.import_module(source), n) for n in names)
     own = _own_statements(module)
     if module == "jaxjob.cli":  # python -m jaxjob.cli runs the command

@@ -39,7 +39,7 @@ def test_plain_line_per_epoch_and_few_info_lines_when_not_a_terminal(tmp_path):
     for line, pattern in zip(lines, LINES, strict=True):
         assert re.fullmatch(pattern, line), line
     logged = [line for line in proc.stderr.splitlines() if not line.startswith("INFO:jax._src")]
-    assert logged == ["INFO:jaxjob._src.run.runner:Finished training at epoch 2"]
+    assert logged == ["INFO:jaxjob.runner:Finished training at epoch 2"]
 
 
 def test_orbax_info_lines_come_back_on_request(tmp_path):

@@ -31,7 +31,7 @@ def test_sigterm_saves_the_running_epoch_and_the_restart_is_bitwise_exact(tmp_pa
     assert "Received SIGTERM: stopping after this epoch" in proc.stderr
     assert "Received SIGTERM again: ignored while the preempted epoch is saved" in proc.stderr
     assert proc.stderr.strip().endswith(
-        "jaxjob._src.base.errors.Preempted: preempted: epoch 2 is saved and committed; "
+        "jaxjob.Preempted: preempted: epoch 2 is saved and committed; "
         "run the job again to resume after it"
     )
     assert _epochs(ckpt) == [0, 2]

@@ -152,13 +152,13 @@ def test_background_failure_logs_one_line(small_disk, caplog):
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(loud) == 1, [r.getMessage() for r in loud]
     (line,) = loud
-    assert line.name == "jaxjob._src.run.runner" and line.exc_info is None
+    assert line.name == "jaxjob.runner" and line.exc_info is None
     message = line.getMessage()
     assert "\n" not in message and "Traceback" not in message
     assert message.startswith("Unable to write checkpoint for epoch 1: ")
     assert "No space left on device" in message
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
-    moved = "jaxjob._src.manager.orbax_log"
+    moved = "jaxjob.orbax"
     assert any(r.name == moved and "Orbax" in r.getMessage() for r in debug)
     assert ckpt.committed_epochs() == [0]
     assert jaxjob.restore(str(small_disk / "run"), epoch=0)["w"][:3].tolist() == [0.0, 1.0, 2.0]

@@ -1,6 +1,12 @@
-"""The public exceptions of jaxjob (each subclasses the closest builtin)."""
+"""The public exceptions of jaxjob (each subclasses the closest builtin).
+
+Each public exception's ``__module__`` is ``"jaxjob"``, where users import it from:
+tracebacks, reprs and pickles name ``jaxjob.Preempted``, never the module that defines it.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 
@@ -10,7 +16,33 @@ __all__ = [
     "CorruptCheckpointError",
     "Preempted",
     "as_save_error",
+    "pickled",
 ]
+
+
+def pickled(err: BaseException) -> tuple[Any, ...]:
+    """``err.__reduce__()`` for an exception whose ``__init__`` builds its message.
+
+    Pickle rebuilds an exception by calling its class with ``args`` (its message), which such
+    an ``__init__`` refuses or garbles; with this it is rebuilt from its message and attributes,
+    in any process.
+
+    Example:
+        >>> import pickle
+        >>> import jaxjob
+        >>> err = pickle.loads(pickle.dumps(jaxjob.Preempted(7)))
+        >>> err.epoch, str(err) == str(jaxjob.Preempted(7))
+        (7, True)
+    """
+    return _rebuilt, (type(err), err.args, dict(vars(err)))
+
+
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """``cls`` with ``args`` and the attributes ``state``, its ``__init__`` not called."""
+    err = cls.__new__(cls, *args)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class CheckpointSaveError(RuntimeError):
@@ -26,6 +58,8 @@ class CheckpointSaveError(RuntimeError):
         "saving checkpoint epoch 3 to 'runs/x/local.3' failed: OSError: disk full"
     """
 
+    __module__ = "jaxjob"
+
     def __init__(
         self, epoch: int, db: str, cause: BaseException | str, processes: list[int] | None = None
     ) -> None:
@@ -35,6 +69,9 @@ class CheckpointSaveError(RuntimeError):
         super().__init__(f"saving checkpoint epoch {epoch} to {db!r} failed{where}: {what}")
         self.epoch = epoch
         self.db_name = db
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return pickled(self)
 
 
 def with_earlier(err: BaseException, earlier: CheckpointSaveError | None) -> BaseException:
@@ -85,16 +122,25 @@ class Preempted(RuntimeError):
         'preempted: epoch 7 is saved and committed; run the job again to resume after it'
     """
 
+    __module__ = "jaxjob"
+
     def __init__(self, epoch: int) -> None:
         super().__init__(
             f"preempted: epoch {epoch} is saved and committed; run the job again to resume after it"
         )
         self.epoch = epoch
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return pickled(self)
+
 
 class CheckpointInUseError(RuntimeError):
     """Another live process writes this node under this ``db_prefix``; nothing was written."""
 
+    __module__ = "jaxjob"
+
 
 class CorruptCheckpointError(ValueError):
     """A checkpoint's bytes do not match what was saved (checksum, truncation, missing file)."""
+
+    __module__ = "jaxjob"

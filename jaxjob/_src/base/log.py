@@ -5,6 +5,12 @@ are at DEBUG. Orbax logs dozens of INFO lines per save through absl's
 ``"absl"`` Python logger: importing jaxjob sets that logger to WARNING unless
 it already has a level, or the environment sets ``JAXJOB_ORBAX_LOGS=1``. To
 see Orbax's INFO lines: ``logging.getLogger("absl").setLevel(logging.INFO)``.
+
+Loggers carry public names, one hierarchy under ``"jaxjob"``: ``jaxjob.runner``
+(training, resume, preemption), ``jaxjob.manager`` (saves, retention; the lock
+under ``jaxjob.manager.lock``), ``jaxjob.checkpoint``, ``jaxjob.restore``,
+``jaxjob.hosts``, ``jaxjob.distributed``, ``jaxjob.writers``, ``jaxjob.orbax``,
+``jaxjob.session``. ``logging.getLogger("jaxjob").setLevel(...)`` sets them all.
 """
 
 from __future__ import annotations
@@ -18,11 +24,34 @@ from typing import Any
 
 from jaxjob._src.internals import jax_private
 
-__all__ = ["get_logger", "warn"]
+__all__ = ["get_logger", "public_logger_name", "warn"]
 
 # jaxjob/, three levels up from jaxjob/_src/base/log.py: warn() skips every frame under it
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ORBAX_LOGS_ENV = "JAXJOB_ORBAX_LOGS"
+_PRIVATE = "jaxjob._src."
+# The public logger of each implementation layer (jaxjob._src.<layer>) ...
+_LAYER_LOGGERS = {
+    "base": "jaxjob",
+    "checkpoint": "jaxjob.checkpoint",
+    "cli": "jaxjob.cli",
+    "core": "jaxjob.session",
+    "internals": "jaxjob.orbax",
+    "manager": "jaxjob.manager",
+    "multihost": "jaxjob.hosts",
+    "run": "jaxjob.runner",
+    "testing": "jaxjob.testing",
+}
+# ... and of the modules that serve another public name than their layer's
+_MODULE_LOGGERS = {
+    "base.preemption": "jaxjob.runner",
+    "checkpoint.restore": "jaxjob.restore",
+    "manager.lock": "jaxjob.manager.lock",
+    "manager.orbax_log": "jaxjob.orbax",
+    "multihost.distributed": "jaxjob.distributed",
+    "run.tensorboard": "jaxjob.writers",
+    "run.writers": "jaxjob.writers",
+}
 
 
 def quiet_orbax() -> None:
@@ -43,14 +72,28 @@ class _ProcessAdapter(logging.LoggerAdapter):
         return f"[process={process}] {msg}", kwargs
 
 
+def public_logger_name(module: str) -> str:
+    """The public name of the logger of ``module``: an implementation module's is under ``jaxjob``.
+
+    Example:
+        >>> public_logger_name("jaxjob._src.run.resume"), public_logger_name("jaxjob.example")
+        ('jaxjob.runner', 'jaxjob.example')
+    """
+    if not module.startswith(_PRIVATE):
+        return module
+    path = module[len(_PRIVATE) :]
+    layer = path.split(".")[0]
+    return _MODULE_LOGGERS.get(path, _LAYER_LOGGERS.get(layer, "jaxjob"))
+
+
 def get_logger(name: str) -> logging.LoggerAdapter:
-    """The logger of module ``name``.
+    """The logger of module ``name``, under its public name (:func:`public_logger_name`).
 
     Example:
         >>> get_logger("jaxjob.example").logger.name
         'jaxjob.example'
     """
-    return _ProcessAdapter(logging.getLogger(name), {})
+    return _ProcessAdapter(logging.getLogger(public_logger_name(name)), {})
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:

@@ -105,6 +105,10 @@ class Best:
 
 
 Policy = Last | Every | Best
+# Their public path, in reprs, help() and pickles; set once the dataclasses exist (a decorator
+# reads the module a class's __module__ names, which need not be imported yet).
+for _policy in (Last, Every, Best):
+    _policy.__module__ = "jaxjob.keep"
 
 
 def normalize(keep: Policy | Iterable[Policy] | None) -> tuple[Policy, ...] | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from jaxjob._src.base import errors
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.internals import jax_private
 
@@ -27,6 +28,8 @@ _calls = itertools.count()
 class HostTimeoutError(TimeoutError):
     """Some processes did not reach a cross-host wait in time; ``missing`` lists them."""
 
+    __module__ = "jaxjob"  # its public name: tracebacks and pickles say jaxjob.X
+
     def __init__(self, what: str, missing: list[int], timeout_s: float) -> None:
         super().__init__(
             f"[process={jax.process_index()}] timed out after {timeout_s:g} s waiting for "
@@ -35,6 +38,9 @@ class HostTimeoutError(TimeoutError):
         )
         self.missing = missing
         self.timeout_s = timeout_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return errors.pickled(self)
 
 
 def _client() -> Any:

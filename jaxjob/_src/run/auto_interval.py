@@ -81,6 +81,8 @@ class AutoInterval:
         ValueError: mtbf_hours must be a positive number of hours, got 0
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     mtbf_hours: float
     window: int = 5
     _costs: collections.deque[float] = dataclasses.field(init=False, repr=False)

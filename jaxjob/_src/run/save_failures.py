@@ -2,7 +2,7 @@
 
 A failure is recorded (the runner's ``save_errors``, the metadata handler's
 stats, the progress line), then logged (``"warn"``) or raised (``"raise"``).
-Its records are logged by the runner's logger, ``jaxjob._src.run.runner``:
+Its records are logged by the runner's logger, ``jaxjob.runner``:
 the one a user configures for what the runner says.
 """
 
@@ -23,7 +23,7 @@ from jaxjob._src.multihost import hosts
 
 __all__ = ["SAVE_ERROR_POLICIES", "SaveFailures", "one_line"]
 
-logger = get_logger("jaxjob._src.run.runner")
+logger = get_logger(__name__)  # jaxjob.runner, as the runner's own
 SAVE_ERROR_POLICIES = ("warn", "raise")
 
 

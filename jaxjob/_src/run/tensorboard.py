@@ -111,6 +111,8 @@ class TensorBoardWriter:
         [['events', 'out', 'tfevents']]
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     def __init__(self, logdir: str, *, flush_every_epoch: bool = True) -> None:
         self._tbx = _tensorboardx()
         self.logdir = fs.normalize(logdir, "logdir")

@@ -62,6 +62,8 @@ class MetricWriter(Protocol):
         True
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     def resume(self, history: Sequence[Mapping[str, Any]]) -> None:
         """Opens the output and makes it hold exactly ``history`` (epochs already run)."""
 
@@ -179,6 +181,8 @@ class JsonlWriter:
         >>> [json.loads(line) for line in open(path)]
         [{'epoch': 1, 'loss': 0.5}]
     """
+
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
 
     def __init__(self, path: str) -> None:
         self.path = fs.normalize(path, "path")

@@ -56,6 +56,11 @@ class Kill:
     output: str
 
 
+# Its public path, in reprs, help() and pickles; set once the dataclass exists (its decorator
+# reads the module its __module__ names, which need not be imported yet).
+Kill.__module__ = "jaxjob.testing"
+
+
 def _check_kill_at(kill_at: str) -> str:
     name, _, count = kill_at.partition(":")
     if name not in faults.POINTS or not (count == "" or count.isdigit() and int(count) >= 1):
@@ -153,7 +158,7 @@ def run_killed(
     Args:
         argv: The script and its arguments (run as ``python ARGV...``).
         db_prefix: Where the job keeps its checkpoints (local disk).
-        kill_at: A fail point of :data:`jaxjob._src.base.faults.POINTS`, ``"name"`` or
+        kill_at: A fail point of :data:`jaxjob.testing.POINTS`, ``"name"`` or
             ``"name:n"`` (the n-th time it is reached in this run); every
             process of the job dies there.
         delay_s: Kill every process of the job this many seconds after it starts.
