@@ -51,7 +51,7 @@ class CheckpointManager(ManagerCore):
         node_name: The node whose checkpoints this manager writes.
         db_type: Storage type; only ``"orbax"``.
         metadata_handler: Decides the resume epoch and receives stats; by
-            default a :class:`~jaxjob._src.manager.metadata.DiskMetadataHandler` (auto-resume).
+            default a :class:`~jaxjob.DiskMetadataHandler` (auto-resume).
         async_save: False makes :meth:`save` return only once committed.
         timeout_s: How long any wait on the other processes of a
             ``jax.distributed`` job may take (the boundary check before each
@@ -71,7 +71,11 @@ class CheckpointManager(ManagerCore):
             calls, TensorStore's requests) may take before the save, restore
             or load fails with a ``TimeoutError`` naming the endpoint, under
             the runner's ``on_save_error``; the write or read of the arrays
-            may take that plus their bytes at 1 MiB/s. None:
+            may take that plus their bytes at 1 MiB/s. Every way a store
+            fails (refused, reset, unresolved name, 5xx) is an ``OSError``
+            under the same policy. Threads a store left stuck never hold the
+            process: it ends at most this long after the last abandoned call
+            (status 1 after an uncaught exception, else 0). None:
             ``$JAXJOB_STORAGE_TIMEOUT_S``, else 120 s.
         owner_process: Makes this node's checkpoints private to one process
             (the caffe2 style, where each process runs its own node): only
@@ -91,10 +95,12 @@ class CheckpointManager(ManagerCore):
         local: A :class:`~jaxjob.LocalTier`: a second, per-process tier on
             local disk, saved more often than ``db_prefix`` (the persistent
             tier); the runner resumes from the newer of the two (see
-            ``README.md``, "Two tiers").
+            ``README.md``, "Two tiers"). In a multi-process job, make the
+            manager on every process: they compare their local directories
+            (one exchange).
 
     The manager writes only while it holds the node's lock
-    (``<db_prefix>/.jaxjob/<node>.lock``, see :mod:`jaxjob._src.manager.lock`), taken by
+    (``<db_prefix>/.jaxjob/<node>.lock``), taken by
     :meth:`init` or the first :meth:`save`: another live writer of this node
     under this ``db_prefix`` makes them raise
     :class:`~jaxjob.CheckpointInUseError`. Once it holds the lock, it removes
@@ -115,6 +121,8 @@ class CheckpointManager(ManagerCore):
         >>> ckpt.committed_epochs(), ckpt.load(0)["w"].tolist()
         ([0], [1.0, 1.0, 1.0])
     """
+
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
 
     def __init__(
         self,
@@ -224,7 +232,7 @@ class CheckpointManager(ManagerCore):
     ) -> None:
         """Prepares to save or load; with ``retrieve_from_epoch`` the leaf names come from it.
 
-        Takes the node's lock (see :mod:`jaxjob._src.manager.lock`); call it on every process.
+        Takes the node's lock (see the class docstring); call it on every process.
 
         Raises:
             ValueError: If more than one node is given.
@@ -302,8 +310,7 @@ class CheckpointManager(ManagerCore):
     def saved_targets(self, epoch: int) -> dict[tuple[str, ...], Any] | None:
         """The array state leaves of ``epoch`` with their saved shardings, by key path.
 
-        None if this job's devices differ from the saving job's
-        (:func:`~jaxjob._src.checkpoint.storage.saved_targets`).
+        None if this job's devices differ from the saving job's.
         """
         return storage.saved_targets(*self._checkpoint(epoch))
 

@@ -11,6 +11,7 @@ stats, retention and the resume decision.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,13 +26,13 @@ from jaxjob._src.base.errors import (
     with_earlier,
 )
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import verify
+from jaxjob._src.checkpoint import run_identity, verify
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.layout import common_epochs, db_name, is_committed
 from jaxjob._src.manager import boundary, retention, save_round
 from jaxjob._src.manager import keep as keep_lib
 from jaxjob._src.manager.local_copy import LocalCopy, LocalMetadata
-from jaxjob._src.manager.local_tier import LOCAL, PERSISTENT, LocalTier
+from jaxjob._src.manager.local_tier import LOCAL, PERSISTENT, LocalTier, check_placement
 from jaxjob._src.manager.metadata import METADATA_FILE, DiskMetadataHandler, MetadataHandler
 from jaxjob._src.manager.records import ProcessStats, Stats
 from jaxjob._src.manager.save_round import Round
@@ -69,8 +70,8 @@ class ManagerCore:
         self._keep = keep_lib.normalize(keep)
         if local is not None and not isinstance(local, LocalTier):
             raise TypeError(f"local must be a jaxjob.LocalTier or None, got {local!r}")
-        _check_apart(local, fs.normalize(db_prefix, "db_prefix"))
         self._db_prefix = fs.normalize(db_prefix, "db_prefix")
+        check_placement(local, self._db_prefix, timeout_s=options.timeout_s)
         if options.storage_timeout_s is not None:
             fs.set_storage_timeout(self._db_prefix, options.storage_timeout_s)
         on_disk = not fs.is_remote(self._db_prefix)
@@ -91,7 +92,9 @@ class ManagerCore:
         self._round_stats: tuple[ProcessStats, ...] | None = None
         self._accessible = True  # the metadata handler's answer for the next save
         self._retention: retention.Retention | None = None
+        self._keep_all = retention.KeepAllNotice(self._db_prefix) if self._keep is None else None
         self._local = None if local is None else LocalCopy(local, self._db_prefix, self._make_local)
+        self._lineage: tuple[str, int | None] = (uuid.uuid4().hex, None)  # see set_lineage
 
     @property
     def db_prefix(self) -> str:
@@ -195,7 +198,7 @@ class ManagerCore:
             raise ValueError("save_local needs a manager made with local=jaxjob.LocalTier(...)")
         self._flush_committed_metadata()
         try:
-            self._local.save(epoch, workspace, outputs)
+            self._local.save(epoch, workspace, outputs, lineage=self._lineage)
         finally:
             self.report_local_stats("checkpoint_save")
 
@@ -226,7 +229,8 @@ class ManagerCore:
         """This process's local epochs newer than ``newer_than`` it can resume from, newest first.
 
         Returns:
-            ``(epochs, why)``: see :meth:`jaxjob._src.manager.local_copy.LocalCopy.candidates`.
+            ``(epochs, why)``: the candidates, newest first, and one line per
+            newer local epoch passed over.
         """
         if self._local is None:
             return [], []
@@ -256,6 +260,25 @@ class ManagerCore:
     def _committed(self, node: str) -> list[int]:
         return common_epochs(self._db_prefix, [node], self._path_prefix)
 
+    def set_lineage(self, life: str, resumed_from: int | None) -> None:
+        """Names the life (attempt) whose saves follow, and the epoch it resumed from.
+
+        Every later checkpoint's manifest, in both tiers, records them. The
+        runner calls it on every process with the same ``life`` (process 0's);
+        a manager used without a runner is one life of its own.
+        """
+        self._lineage = (life, resumed_from)
+
+    def local_lineage(self, epochs: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Of each local epoch of ``epochs``: the life that saved it, its replicated leaves' CRCs.
+
+        Returns:
+            ``{epoch: {"life": id or None, "whole": {"<key path> of node '<node>'": crc}}}``;
+            ``whole`` holds the leaves this process's copy holds whole. An epoch
+            whose records do not read is left out.
+        """
+        return {} if self._local is None else self._local.lineage(epochs)
+
     def _save_round(
         self, epoch: int, items: Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any] | None]]
     ) -> None:
@@ -265,11 +288,15 @@ class ManagerCore:
             This save's problem on any process, else a previous save's failure.
         """
         writers = self._writers()
+        for writer in writers:
+            writer.lineage = self._lineage
         self._round_stats = None
         outcome = save_round.save_round(
             writers, epoch, items, self._how(epoch), accessible=self._take_access()
         )
         self._round_stats = outcome.stats
+        if self._keep_all is not None and outcome.stats is not None:
+            self._keep_all.saved(sum(s.bytes or 0 for p in outcome.stats for s in p.stats.values()))
         self._flush_metadata(committed=outcome.previous is None)
         pending = [w.pending_epoch() for w in writers if w.has_pending()]
         self._retain(writing=pending[0] if pending else epoch)  # in flight, or others write it
@@ -414,11 +441,15 @@ class ManagerCore:
         Raises:
             CorruptCheckpointError: If every committed epoch up to the
                 handler's is damaged (nothing is overwritten).
+            ValueError: If the checkpoints name several runs and nothing
+                decides which is the prefix's (jaxjob's lineage rule).
         """
         epoch = self._metadata_handler.last_epoch(user_epoch=user_epoch)
         if user_epoch is not None or epoch is None:
             return epoch
         nodes = self._checkpoint_nodes()
+        folder = db_name(epoch, nodes[0], self._db_prefix, self._path_prefix).rpartition("/")[0]
+        run_identity.evidence(folder)  # checkpoints of several runs, nothing decides: refuse
         committed = common_epochs(self._db_prefix, nodes, self._path_prefix)
         for candidate in [epoch, *(e for e in reversed(committed) if e < epoch)]:
             problems = self._verify_nodes(candidate, nodes, data=False)  # leaves read anyway
@@ -520,8 +551,9 @@ class ManagerCore:
     def report_checkpoint_stats(self, action_name: str) -> None:
         """Sends every process's stats of the last action to the metadata handler.
 
-        Call it on every process; see :func:`jaxjob._src.manager.boundary.merge_stats` for
-        the entries. A save's stats came with its round's exchange (each
+        Call it on every process. Each entry has ``hosts`` (each process's
+        ``duration_s``, ``bytes`` and ``error``), ``slowest_process``, the longest
+        ``duration_s`` and the total ``bytes``. A save's stats came with its round's exchange (each
         process's ``bytes``, and as ``duration_s`` its time in ``save`` until
         it posted: preparing its part, before waiting on the others), so
         reporting them waits on no other process; a load's are exchanged here.
@@ -547,22 +579,3 @@ class ManagerCore:
             local = self._local_manager()
             if local is not None:
                 local.close()
-
-
-def _check_apart(local: LocalTier | None, db_prefix: str) -> None:
-    """Refuses a local tier whose directory is the db_prefix, or inside it, or holds it.
-
-    Raises:
-        ValueError: Naming both paths (the local tier's retention would
-            delete the persistent checkpoints).
-    """
-    if local is None or fs.is_remote(db_prefix):
-        return
-    for candidate in {local.directory(0).rstrip("/"), local.directory(1).rstrip("/")}:
-        inside = db_prefix.startswith(candidate + "/") or candidate.startswith(db_prefix + "/")
-        if candidate == db_prefix or inside:
-            raise ValueError(
-                f"LocalTier path {local.path!r} overlaps the db_prefix {db_prefix!r}: the "
-                "two tiers need directories apart (the local tier's retention would delete "
-                "persistent checkpoints); put the local tier elsewhere, e.g. /dev/shm/<run>"
-            )

@@ -49,22 +49,22 @@ class MultiNodeCheckpointManager(ManagerCore):
             epoch committed for every node) and receives the stats.
         async_save: False makes saves return only once committed.
         timeout_s: How long any wait on other processes may take (see
-            :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`).
+            :class:`~jaxjob.CheckpointManager`).
         write_timeout_s: How long a background write may take (see
-            :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`).
+            :class:`~jaxjob.CheckpointManager`).
         host_map: How to resume host-local leaves on another process count
-            (see :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`).
+            (see :class:`~jaxjob.CheckpointManager`).
         storage_timeout_s: How long an object-store operation may take (see
-            :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`).
+            :class:`~jaxjob.CheckpointManager`).
         node_processes: The caffe2 style across processes: ``{node: process}``
             for nodes whose checkpoints one process alone saves (each process
-            runs its own :class:`~jaxjob._src.core.task.Node`). A process saves and
+            runs its own :class:`~jaxjob.Node`). A process saves and
             resumes only its own nodes (and those not listed, which every
             process saves together); :meth:`load_blobs_locally` reads every
             node's checkpoint on the calling process alone. A save failure of
             any process's node is raised (or logged) on every process.
         keep: Which committed epochs to keep (see
-            :class:`~jaxjob._src.manager.checkpoint_manager.CheckpointManager`); an epoch is
+            :class:`~jaxjob.CheckpointManager`); an epoch is
             deleted for every node together, by process 0 (by the nodes' owner
             when ``node_processes`` gives them all to one process).
         options: The options above but ``node_processes`` and ``keep`` as
@@ -73,7 +73,7 @@ class MultiNodeCheckpointManager(ManagerCore):
             every node, saved more often than ``db_prefix`` (see
             :class:`~jaxjob.CheckpointManager`).
 
-    Each node's writer takes that node's lock (see :mod:`jaxjob._src.manager.lock`);
+    Each node's writer takes that node's lock (see :class:`~jaxjob.CheckpointManager`);
     the processes agree on every node's save in one exchange.
 
     Example:
@@ -85,6 +85,8 @@ class MultiNodeCheckpointManager(ManagerCore):
         >>> sorted(ckpt.load(0)), ckpt.get_ckpt_db_name("b", 0).endswith("/b.0")
         (['x', 'y'], True)
     """
+
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
 
     def __init__(
         self,

@@ -89,6 +89,8 @@ class CheckpointOptions:
         ValueError: timeout_s must be a positive number of seconds, got 0
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     async_save: bool = True
     timeout_s: float = hosts.DEFAULT_TIMEOUT_S
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
@@ -152,9 +154,20 @@ def resolve_options(options: CheckpointOptions | None, **keywords: Any) -> Check
 class Manager(Protocol):
     """The public methods through which the runner drives a checkpoint manager."""
 
-    timeout_s: float
-    db_prefix: str
-    metadata_handler: MetadataHandler
+    @property
+    def timeout_s(self) -> float:
+        """How long a wait on the other processes may take, in seconds."""
+        ...
+
+    @property
+    def db_prefix(self) -> str:
+        """Where the checkpoints live."""
+        ...
+
+    @property
+    def metadata_handler(self) -> MetadataHandler:
+        """The handler that decides the resume epoch and receives the stats."""
+        ...
 
     def set_params(self, nodes: Sequence[str]) -> None:
         """Passes the checkpoint location and the job's nodes to the metadata handler."""

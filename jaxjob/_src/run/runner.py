@@ -15,6 +15,7 @@ from jaxjob._src.base.checks import is_int
 from jaxjob._src.base.errors import CheckpointSaveError, as_save_error, earlier_failure
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.preemption import SignalWatch, check_signals
+from jaxjob._src.base.status import status_logger
 from jaxjob._src.checkpoint.codec import UnstorableLeafError
 from jaxjob._src.checkpoint.hostlocal import ProcessCountError
 from jaxjob._src.checkpoint.layout import db_name
@@ -22,6 +23,7 @@ from jaxjob._src.core import checks, data
 from jaxjob._src.core.job import Job
 from jaxjob._src.core.session import Session
 from jaxjob._src.core.task import DEFAULT_NODE
+from jaxjob._src.core.workspace import Workspace
 from jaxjob._src.manager.local_tier import LOCAL, PERSISTENT
 from jaxjob._src.manager.shared import Manager
 from jaxjob._src.multihost import hosts
@@ -29,9 +31,16 @@ from jaxjob._src.run import shardings
 from jaxjob._src.run.agreement import Boundary, agree_boundary, any_process
 from jaxjob._src.run.auto_interval import AutoInterval, save_policy
 from jaxjob._src.run.history import HistoryFile, NoHistory
+from jaxjob._src.run.interrupted import settle_workspace
 from jaxjob._src.run.interval import SaveClock, SaveInterval
 from jaxjob._src.run.progress import Progress, check_names
-from jaxjob._src.run.resume import data_count_error, local_choice, restore_targets, resume_epoch
+from jaxjob._src.run.resume import (
+    data_count_error,
+    local_choice,
+    restore_targets,
+    resume_epoch,
+    set_lineage,
+)
 from jaxjob._src.run.save_failures import SAVE_ERROR_POLICIES, SaveFailures
 from jaxjob._src.run.upload import UploadTaskGroupBuilder
 from jaxjob._src.run.writers import MetricWriter, MultiWriter, check_writers
@@ -138,6 +147,8 @@ class JobRunner:
         [1, 2, 3]
     """
 
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
+
     def __init__(
         self,
         job: Job,
@@ -219,9 +230,13 @@ class JobRunner:
             KeyboardInterrupt: On Ctrl-C (SIGINT, unless in
                 ``preemption_signals``), once the save in flight is committed
                 (or, if it had not started writing, abandoned); meanwhile
-                more Ctrl-Cs are logged and ignored.
+                more Ctrl-Cs are logged and ignored. ``session.workspace``
+                then holds the last completed epoch's live arrays, or, where
+                the interrupted epoch had consumed them (donated), the newest
+                committed epoch restored (one process; see ``Session.partial``).
         """
         self._warned = set()
+        self._completed: tuple[int, Workspace] | None = None  # see _settle_workspace
         data.warn_unsaved_iterators(self.job.epoch_group.tasks, self._warned)
         self._progress = Progress(
             self.progress,
@@ -239,6 +254,7 @@ class JobRunner:
             logger.debug("train was interrupted here:", exc_info=err)
             raise err.with_traceback(None) from None  # not jaxjob's and Orbax's frames
         finally:
+            self._completed = None
             self._progress.close()
             self._store.close()
             self._writers.close()
@@ -268,7 +284,7 @@ class JobRunner:
 
     def _train_epochs(self, session: Session, watch: SignalWatch) -> tuple[int, bool]:
         """Runs init or resume, then epochs until a stop condition or a preemption."""
-        resume = resume_epoch(
+        resume, self._life = resume_epoch(
             self.checkpoint_manager, self.resume_from_epoch, self._nodes(), self._timeout_s()
         )
         try:
@@ -290,8 +306,17 @@ class JobRunner:
             self._finish_saves()
         except BaseException as err:
             self._complete_pending_after_error(interrupted=isinstance(err, KeyboardInterrupt))
+            if isinstance(err, KeyboardInterrupt):
+                self._settle_workspace(session)
             raise
         return epoch, preempted
+
+    def _settle_workspace(self, session: Session) -> None:
+        """After Ctrl-C: the session holds a completed epoch's live arrays (see interrupted)."""
+        try:
+            settle_workspace(session, self._completed, self.checkpoint_manager, self._load)
+        except Exception as err:  # noqa: BLE001 (the KeyboardInterrupt goes on; this is logged)
+            logger.warning("After the interrupt, restoring the session failed: %s", err)
 
     def _timeout_s(self) -> float:
         return getattr(self.checkpoint_manager, "timeout_s", hosts.DEFAULT_TIMEOUT_S)
@@ -305,6 +330,7 @@ class JobRunner:
             self._clock = SaveClock(0)  # an auto interval counts from epoch 0's save start
             if manager is not None:
                 manager.init(self._nodes(), key_nodes=session.key_nodes)
+                set_lineage(manager, self._life, None)
                 self._rebuild_history(manager, None)
                 self._forget_local(manager, None)
                 saving = time.perf_counter()
@@ -317,6 +343,7 @@ class JobRunner:
             raise ValueError("resume_from_epoch needs a checkpoint_manager to load from")
         manager.init(self._nodes(), retrieve_from_epoch=resume)
         tier, epoch = self._restore(session, manager, resume)
+        set_lineage(manager, self._life, epoch)  # the saves of this life record it
         self._rebuild_history(manager, epoch)
         source = manager.tier_manager(tier) if tier == LOCAL else manager
         if self._local is not None:
@@ -328,7 +355,7 @@ class JobRunner:
             f"the stop conditions of epoch {epoch}", any(values), self._timeout_s()
         )
         if stopped:
-            logger.info("The checkpoint of epoch %d meets a stop condition: finished", epoch)
+            _say_finished(self.job, epoch)
         return epoch, bool(stopped)
 
     def _persistent_clock_epoch(self, persistent: int, resumed: int) -> int:
@@ -391,7 +418,7 @@ class JobRunner:
             )
             manager.report_local_stats("checkpoint_load")
             if not where:
-                logger.info(
+                status_logger().info(
                     "Resuming from epoch %d of the local tier (%s): the newest epoch intact on "
                     "every process; the persistent tier's newest is %d%s",
                     epoch, local.db_prefix, persistent,
@@ -402,7 +429,7 @@ class JobRunner:
             choice.why.append(f"local epoch {epoch} did not restore on processes {where}")
             if failed is not None:
                 logger.warning("Local epoch %d did not restore here: %s", epoch, failed)
-        logger.info(
+        status_logger().info(
             "Resuming from epoch %d of the persistent tier (%s): %s",
             persistent, manager.db_prefix,
             "; ".join(choice.why) or "no local epoch is newer",
@@ -423,19 +450,22 @@ class JobRunner:
 
     def _load(self, session: Session, source: Manager, epoch: int) -> None:
         targets, self._deferred_shardings = restore_targets(self.job, session, source, epoch)
+        placed = {**shardings.as_saved(source, epoch, targets), **targets}  # host tasks' too
         try:
-            session.workspace = shardings.movable(source.load(epoch, targets=targets))
+            session.workspace = shardings.movable(source.load(epoch, targets=placed))
         except ProcessCountError as err:
             raise data_count_error(err, self.job, epoch) or err from None
         session.traced_names = set(targets)
 
     def _run_epoch(self, epoch: int, session: Session, watch: SignalWatch) -> Boundary:
         logger.debug("Starting epoch %d", epoch)
+        self._completed = (epoch - 1, session.workspace)  # its arrays, until the epoch donates them
         started = time.perf_counter()
         deferred, self._deferred_shardings = self._deferred_shardings, False
         run = shardings.run_epoch_group(
             session, self.job.epoch_group, deferred=deferred, traced_names=session.traced_names
         )
+        self._completed = (epoch, session.workspace)  # holding nothing the session does not
         checks.warn_close_outputs(
             set(run) - set(session.workspace), session.workspace, self._warned
         )
@@ -601,3 +631,18 @@ class JobRunner:
         """Completes this process's saves in flight, without waiting on other processes."""
         if self.checkpoint_manager is not None:
             self._failures.complete_pending(self.checkpoint_manager, interrupted=interrupted)
+
+
+def _say_finished(job: Job, epoch: int) -> None:
+    """The status line of a job whose checkpoint ``epoch`` already meets a stop condition."""
+    limit = getattr(job, "epoch_limit", None)
+    if limit is not None and limit < epoch:
+        status_logger().info(
+            "Already finished at epoch %d: epoch_limiter's limit of %d epochs is below the %d "
+            "epochs done; nothing to run (pass a larger limit to continue)", epoch, limit, epoch,
+        )  # fmt: skip
+    else:
+        status_logger().info(
+            "Already finished at epoch %d: its checkpoint meets a stop condition; nothing to run",
+            epoch,
+        )

@@ -24,10 +24,16 @@ class UploadTaskGroupBuilder:
         ...     def build(self, epoch, checkpoint_manager):
         ...         group = jaxjob.TaskGroup(jit=False)
         ...         for node, manager in checkpoint_manager.node_managers:
-        ...             src = manager.get_ckpt_db_name(node, epoch)
-        ...             group.add(lambda ws, s=src, n=node: shutil.copytree(s, f"{self.dest}/{n}"))
+        ...             src, dest = manager.get_ckpt_db_name(node, epoch), f"{self.dest}/{node}"
+        ...
+        ...             def copy(ws, src=src, dest=dest):  # a host task; it sets no leaf
+        ...                 shutil.copytree(src, dest)
+        ...
+        ...             group.add(copy, name=f"upload {node}")
         ...         return group
     """
+
+    __module__ = "jaxjob"  # its public path, in reprs, help() and pickles
 
     def build(self, epoch: int, checkpoint_manager: Any) -> TaskGroup:
         """Returns the group that uploads the checkpoints of ``epoch``.
