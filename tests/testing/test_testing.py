@@ -33,7 +33,7 @@ EPOCHS = 10
 
 def instrumented(point):
     """Whether this build of jaxjob passes the fail point ``point`` (in its source)."""
-    call = re.compile(rf"(faults\.point|_FailPoint)\(\s*[\"']{re.escape(point)}[\"']")
+    call = re.compile(rf"(faults\.point|FailPoint)\(\s*[\"']{re.escape(point)}[\"']")
     return any(call.search((SOURCE / f).read_text()) for f in package_files.py_files(str(SOURCE)))
 
 

@@ -120,10 +120,15 @@ class _Handler(ocp.CompositeCheckpointHandler):
         if not _COPIED.get():
             pass_copy_point(self.local)
         futures = await super().async_save(directory, args) or []
-        tier = "local.save" if self.local else "save"
+        if self.local:
+            write, commit = (
+                settled.FailPoint("local.save.write"),
+                settled.FailPoint("local.save.commit"),
+            )
+        else:
+            write, commit = settled.FailPoint("save.write"), settled.FailPoint("save.commit")
         failed = settled.post_failure(directory) if self.shared else None
-        writes = settled.Settled([settled.FailPoint(f"{tier}.write"), *futures], on_failure=failed)
-        return [writes, settled.FailPoint(f"{tier}.commit")]
+        return [settled.Settled([write, *futures], on_failure=failed), commit]
 
 
 @ocp.args.register_with_handler(_Handler, for_save=True, for_restore=True)
