@@ -64,7 +64,7 @@ def test_the_site_has_its_pages():
     names = {os.path.relpath(p, DOCS) for p in _pages()}
     pages = "index getting-started concepts coming-from-orbax coming-from-lightning reliability"
     pages += " performance cli api format guides/eval guides/data guides/multiprocess"
-    pages += " guides/cloud guides/two-tiers guides/long-runs"
+    pages += " guides/cloud guides/two-tiers guides/long-runs contributing"
     for page in pages.split():
         assert f"{page}.md" in names, f"docs/{page}.md is missing"
 

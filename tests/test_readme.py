@@ -1,4 +1,6 @@
-"""The README's example runs as written."""
+"""The README's example runs as written; so do the docs' examples that the tests run on their own
+(reading a checkpoint with Orbax alone, the data loaders), and docs/contributing.md's layout tree
+is generated."""
 
 import ast
 import os
@@ -13,6 +15,7 @@ import pytest
 import jaxjob
 
 README = os.path.join(paths.ROOT, "README.md")
+CONTRIBUTING = os.path.join(paths.DOCS, "contributing.md")
 
 
 def test_readme_example_runs_and_resumes(tmp_path):
@@ -61,11 +64,8 @@ print("PLAIN ORBAX OK")
 
 
 def _plain_orbax_blocks():
-    """The README's "Reading a checkpoint without jaxjob" blocks: the job's save, the reader."""
-    with open(README) as f:
-        text = f.read()
-    section = text.split("\n## Reading a checkpoint without jaxjob\n", 1)[1].split("\n## ", 1)[0]
-    job, reader = re.findall(r"```python\n(.*?)```", section, re.S)
+    """docs/format.md's "Reading a checkpoint without jaxjob" cells: the job's save, the reader."""
+    job, reader = paths.docs_cells("format.md", "Reading a checkpoint without jaxjob")
     return job, reader
 
 
@@ -78,7 +78,7 @@ def test_plain_orbax_recipe_restores_a_checkpoint_without_jaxjob(tmp_path, owner
     job, reader = _plain_orbax_blocks()
     if owner_process is not None:
         job = job.replace(
-            'CheckpointManager("runs/mlp")', 'CheckpointManager("runs/mlp", owner_process=0)'
+            'CheckpointManager("runs/plain")', 'CheckpointManager("runs/plain", owner_process=0)'
         )
         assert "owner_process=0" in job
     for code in (job, "import sys\nsys.modules['jaxjob'] = None\n" + reader + PLAIN_ORBAX_CHECKS):
@@ -90,26 +90,25 @@ def test_plain_orbax_recipe_restores_a_checkpoint_without_jaxjob(tmp_path, owner
 
 
 def data_examples():
-    """The Python blocks of the README's Data section: the NumPy one, the Grain one."""
-    with open(README) as f:
-        text = f.read()
-    section = text[text.index("\n## Data\n") : text.index("\n## Mistakes jaxjob catches\n")]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    """The first code cells of docs/guides/data.md's NumPy and Grain sections."""
+    numpy_cell = paths.docs_cells("guides/data.md", "NumPy arrays: `IndexCursor`")[0]
+    grain_cell = paths.docs_cells("guides/data.md", "Grain")[0]
+    return [numpy_cell, grain_cell]
 
 
 def run_example(code, directory, epochs, monkeypatch):
-    """Runs a Data example in ``directory`` with its epoch limit set to ``epochs``."""
+    """Runs a data-loader example in ``directory`` with its epoch limit set to ``epochs``."""
     monkeypatch.chdir(directory)
     namespace = {"__name__": "readme_data"}
     code = code.replace("jaxjob.epoch_limiter(job, 5)", f"jaxjob.epoch_limiter(job, {epochs})")
-    exec(compile(code, "README Data", "exec"), namespace)
+    exec(compile(code, "docs/guides/data.md", "exec"), namespace)
     assert namespace["last_epoch"] == epochs
     return namespace["session"].workspace
 
 
 @pytest.mark.parametrize("kind", ["numpy", "grain"])
 def test_readme_data_examples_resume_where_they_stopped(tmp_path, monkeypatch, kind):
-    """Each Data example, stopped after epoch 2 and run again to 5, ends as a run of 5 epochs."""
+    """Each data-loader example, stopped after epoch 2 and run again to 5, ends as a 5-epoch run."""
     if kind == "grain":
         pytest.importorskip("grain")
     numpy_code, grain_code = data_examples()
@@ -134,7 +133,7 @@ def _first_line(path):
 
 
 def layout():
-    """The README's tree of jaxjob/: a line per module, its docstring's first line."""
+    """docs/contributing.md's tree of jaxjob/: a line per module, its docstring's first line."""
     lines = ["jaxjob/"]
 
     def walk(directory, depth):
@@ -162,25 +161,33 @@ def layout():
     return "\n".join(lines) + "\n"
 
 
+LAYOUT = re.compile(r"## Layout\n\n```text\n(jaxjob/\n.*?)^tests/", re.S | re.M)
+
+
 def test_readme_layout_lists_every_module():
-    """README's Layout tree is generated: ``python tests/test_readme.py`` prints it."""
-    with open(README) as f:
+    """docs/contributing.md's Layout tree is generated: ``python tests/test_readme.py`` prints it.
+
+    ``python tests/test_readme.py --write`` puts it there.
+    """
+    with open(CONTRIBUTING) as f:
         text = f.read()
-    block = re.search(r"## Layout\n\n```\n(jaxjob/\n.*?)^tests/", text, re.S | re.M).group(1)
-    assert block == layout(), "README's Layout must be:\n" + layout()
+    block = LAYOUT.search(text).group(1)
+    assert block == layout(), "docs/contributing.md's Layout must be:\n" + layout()
 
 
 def write_layout() -> None:
-    """Rewrites README's Layout tree from the package's module docstrings."""
-    with open(README) as f:
+    """Rewrites docs/contributing.md's Layout tree from the package's module docstrings."""
+    with open(CONTRIBUTING) as f:
         text = f.read()
-    found = re.search(r"## Layout\n\n```\n(jaxjob/\n.*?)^tests/", text, re.S | re.M)
+    found = LAYOUT.search(text)
     text = text[: found.start(1)] + layout() + text[found.end(1) :]
-    with open(README, "w") as f:
+    with open(CONTRIBUTING, "w") as f:
         f.write(text)
 
 
-if __name__ == "__main__":  # prints the Layout tree; with --write, puts it into README.md
+if (
+    __name__ == "__main__"
+):  # prints the Layout tree; with --write, puts it into docs/contributing.md
     if sys.argv[1:] == ["--write"]:
         write_layout()
     else:

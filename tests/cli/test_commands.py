@@ -176,14 +176,14 @@ def test_show_selects_leaves_by_pattern_and_epoch(run_dir, capsys):
 
 
 def _readme_read_back():
-    """The README's snippet that reads an exported .npz back (after "Read back:")."""
-    with open(os.path.join(paths.ROOT, "README.md")) as f:
-        text = f.read()
-    return re.search(r"Read back:\n\n```\n(.*?)```", text, re.S).group(1)
+    """docs/cli.md's cell that reads an exported .npz back (its export section's Python cell)."""
+    heading = "`jaxjob export PATH [--leaves PATTERN]... -o FILE.npz|FILE.safetensors`"
+    (cell,) = [c for c in paths.docs_cells("cli.md", heading) if not c.startswith("%%")]
+    return cell
 
 
 def _read_npz(file):
-    """An exported .npz read back by the README's snippet: the arrays, and the record."""
+    """An exported .npz read back by docs/cli.md's cell: the arrays, and the record."""
     namespace = {"np": np, "json": json, "jnp": jnp, "jax": jax}
     exec(_readme_read_back().replace('"params.npz"', repr(str(file))), namespace)
     return namespace["arrays"], namespace["info"]

@@ -1,6 +1,7 @@
-"""Bad input, catalogued: each row of the README's table raises what it says, losing nothing.
+"""Bad input, catalogued: each row of docs/reliability.md's table raises what it says, losing
+nothing.
 
-``CASES`` is the catalogue: the README table is rendered from it
+``CASES`` is the catalogue: the docs' table is rendered from it
 (``test_readme_table_is_the_catalogue`` fails, printing the table, when they drift), and
 ``test_bad_input`` runs every row against a db_prefix holding a committed epoch 0,
 which must still load unchanged afterwards.
@@ -22,7 +23,7 @@ from damage import reseal
 import jaxjob
 from jaxjob._src.checkpoint import checksum
 
-README = Path(paths.ROOT) / "README.md"
+PAGE = Path(paths.DOCS) / "reliability.md"
 BEGIN = "<!-- bad-input table: rendered from tests/scenarios/test_bad_input.py CASES -->"
 END = "<!-- end of the bad-input table -->"
 
@@ -414,6 +415,8 @@ def test_bad_input(case, committed, tmp_path):
 
 
 def test_readme_table_is_the_catalogue():
-    """The README's bad-input table is rendered from CASES, row for row."""
+    """docs/reliability.md's bad-input table is rendered from CASES, row for row."""
     expected = render_table()
-    assert expected in README.read_text(), "README's bad-input table must be:\n" + expected
+    assert expected in PAGE.read_text(), (
+        "docs/reliability.md's bad-input table must be:\n" + expected
+    )

@@ -1,12 +1,15 @@
-"""The README's Eval recipes (flax NNX, flax linen, equinox) run as written and restore exactly."""
+"""The Eval guide's recipes (flax NNX, flax linen, equinox) run as written and restore exactly.
+
+They are cells of docs/guides/eval.md, which the docs build also runs, one after another.
+"""
 
 import os
-import re
 
 import paths
 import pytest
 
-README = os.path.join(paths.ROOT, "README.md")
+PAGE = "guides/eval.md"
+HEADINGS = {"nnx": "Onto your model: Flax NNX", "linen": "Flax linen", "equinox": "Equinox"}
 
 CHECKS = {
     "nnx": """
@@ -33,19 +36,18 @@ assert logits.shape == (10,) and sorted(first) == ["model/layers/0/bias", "model
 
 
 def recipes():
-    """The Python blocks of the README's Eval section, by framework."""
-    with open(README) as f:
-        text = f.read()
-    section = text.split("\n## Eval\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    names = []
-    for block in blocks:
-        names.append("nnx" if "nnx" in block else "linen" if "linen" in block else "equinox")
-    return dict(zip(names, blocks, strict=True))
+    """The code cells of the Eval guide's recipe sections, by framework."""
+    found = {}
+    for heading in HEADINGS.values():
+        for cell in paths.docs_cells(PAGE, heading):
+            kind = "nnx" if "nnx" in cell else "linen" if "linen" in cell else "equinox"
+            assert kind not in found, f"two {kind} recipes in docs/{PAGE}"
+            found[kind] = cell
+    return found
 
 
 def test_the_eval_section_has_one_recipe_per_framework():
-    """The README's Eval section holds exactly the flax NNX, flax linen and equinox recipes."""
+    """The Eval guide holds exactly the flax NNX, flax linen and equinox recipes, one cell each."""
     assert sorted(recipes()) == ["equinox", "linen", "nnx"]
 
 
@@ -54,7 +56,7 @@ def test_eval_recipe_runs_and_restores_the_saved_model(tmp_path, monkeypatch, fr
     """The recipe runs as written; the restored model has its framework's types and saved values."""
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"recipe_{framework}"}
-    exec(compile(recipes()[framework], f"README Eval ({framework})", "exec"), namespace)
+    exec(compile(recipes()[framework], f"docs/{PAGE} ({framework})", "exec"), namespace)
     exec(CHECKS[framework], namespace)
     assert os.path.isdir(tmp_path / "runs")
 

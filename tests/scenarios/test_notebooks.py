@@ -47,7 +47,9 @@ def test_quickstart_trains_reruns_continues_restores_and_plots():
     assert seconds < 120
     first = _text(_cell(nb, "progress=["))
     assert re.search(r"epoch 5  loss \d\.\d{4}  accuracy 0\.\d{4}", first), first
-    assert _text(_cell(nb, "jaxjob.JobRunner(job, ckpt).train")).strip() == "5"
+    rerun = _text(_cell(nb, "jaxjob.JobRunner(job, ckpt).train")).strip().splitlines()
+    assert rerun[-1] == "5"  # the rerun of the finished job runs no epoch, and says so:
+    assert "Already finished at epoch 5: its checkpoint meets a stop condition" in rerun[-2]
     more = _text(_cell(nb, "epoch_limiter(job, 8)"))
     assert "epoch 6 " in more and more.strip().endswith("8")
     listing = _text(_cell(nb, 'jaxjob_command("ls"'))

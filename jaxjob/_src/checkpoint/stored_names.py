@@ -27,7 +27,7 @@ The manifest maps every key path to its stored name; nothing reads a name
 back into a key path. :data:`MAX_NAME` does not budget for the object key
 around a name: without OCDBT (a private checkpoint) on an object store (keys
 of at most 1024 bytes), ``<db_prefix>/<node>.<epoch>/state/<name>/<chunk>``
-must fit, which the README's "Reading a checkpoint without jaxjob" states.
+must fit, which docs/format.md's "Leaves" section states.
 This module imports neither JAX nor Orbax.
 """
 

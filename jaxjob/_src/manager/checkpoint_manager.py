@@ -94,8 +94,8 @@ class CheckpointManager(ManagerCore):
             is logged and retried after the next commit.
         local: A :class:`~jaxjob.LocalTier`: a second, per-process tier on
             local disk, saved more often than ``db_prefix`` (the persistent
-            tier); the runner resumes from the newer of the two (see
-            ``README.md``, "Two tiers"). In a multi-process job, make the
+            tier); the runner resumes from the newer of the two (see the
+            docs' "Two tiers" guide). In a multi-process job, make the
             manager on every process: they compare their local directories
             (one exchange).
 
