@@ -1,4 +1,5 @@
-"""CI installs reproducibly: constraints.txt pins everything jaxjob[test] needs, and no torch."""
+"""CI installs reproducibly: constraints.txt (the newest set) and constraints-lowest.txt (the
+lowest) pin everything jaxjob[test] needs, and no torch."""
 
 import os
 import re
@@ -7,15 +8,19 @@ import paths
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = paths.ROOT
 
 
-def _pins():
+CONSTRAINTS = ["constraints.txt", "constraints-lowest.txt"]
+
+
+def _pins(name="constraints.txt"):
     pins = {}
-    with open(os.path.join(ROOT, "constraints.txt")) as f:
+    with open(os.path.join(ROOT, name)) as f:
         for line in f:
             line = line.split("#", 1)[0].strip()
             if line:
@@ -32,18 +37,32 @@ def _required():
     ]
 
 
-def test_every_core_and_test_requirement_is_pinned_within_its_range():
+@pytest.mark.parametrize("constraints", CONSTRAINTS)
+def test_every_core_and_test_requirement_is_pinned_within_its_range(constraints):
     """Each requirement of jaxjob and of [test] has an exact pin that its specifier allows."""
-    pins = _pins()
+    pins = _pins(constraints)
     for req in _required():
         name = canonicalize_name(req.name)
-        assert name in pins, f"{req.name} is not pinned in constraints.txt"
+        assert name in pins, f"{req.name} is not pinned in {constraints}"
         assert req.specifier.contains(pins[name], prereleases=True), (req, pins[name])
 
 
-def test_torch_is_neither_pinned_nor_required_by_test():
+def test_the_lowest_set_pins_each_lower_bound():
+    """constraints-lowest.txt pins jaxjob's requirements, flax and grain at their ranges' bottom."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    test = [r for r in project["optional-dependencies"]["test"] if r.startswith(("flax", "grain"))]
+    pins = _pins("constraints-lowest.txt")
+    for req in map(Requirement, project["dependencies"] + test):
+        low = next(s.version for s in req.specifier if s.operator == ">=")
+        pinned = pins[canonicalize_name(req.name)]
+        assert Version(pinned) == Version(low), f"{req} is pinned at {pinned}, not {low}"
+
+
+@pytest.mark.parametrize("constraints", CONSTRAINTS)
+def test_torch_is_neither_pinned_nor_required_by_test(constraints):
     """torch stays out of the test install: not in [test], not in the constraints."""
-    assert not {"torch", "nvidia-cublas-cu12", "triton"} & set(_pins())
+    assert not {"torch", "nvidia-cublas-cu12", "triton"} & set(_pins(constraints))
     assert "torch" not in {canonicalize_name(r.name) for r in _required()}
 
 

@@ -250,6 +250,20 @@ print("ok", jax.device_count())
 """
 
 
+def test_a_sharding_of_another_rank_is_named_on_every_jax_release(tmp_path):
+    """A sharding whose spec has more dimensions than the leaf fails with the key path and shape
+    (JAX 0.8.0-0.8.1 do not check it when the restore's shapes are made: jaxjob does)."""
+    mesh = jax.make_mesh((1,), ("x",))
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {"params": {"b": jnp.arange(8.0)}})
+    ckpt.close()
+    col = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "x"))
+    with pytest.raises(
+        ValueError, match=r"sharding of \['params'\]\['b'\] \(shape \(8,\)\): .*rank"
+    ):
+        jaxjob.restore(str(tmp_path), sharding={"params": col})
+
+
 def test_per_leaf_shardings_on_four_devices(tmp_path):
     """sharding= places each leaf by a pytree (or prefix) per name or key path; default device."""
     assert "ok 4" in _python(PER_LEAF, 4, tmp_path)

@@ -8,6 +8,11 @@ moves one fails here, naming it and its users, instead of wherever it is first u
 ``test_every_private_use_is_fenced`` reads jaxjob's sources (``ast``) so that a private use
 without a row (an import, a ``self._x`` of an Orbax subclass, an override, a replaced function,
 a duplicated file name) fails too.
+
+Rows hold for every release in pyproject.toml's ranges (orbax-checkpoint 0.12.3-0.12.x, jax
+0.8-0.10; 0.12.0-0.12.2 lack ``ocp.options.AtomicityOptions``, which object stores need). Where
+a name differs between them, its row says so, naming the release: ``before`` gives where (or
+that) the name is in older releases, and ``sha`` the releases each reviewed code hash is from.
 """
 
 import ast
@@ -19,11 +24,13 @@ import inspect
 import os
 import re
 import textwrap
+from importlib import metadata
 from typing import Any
 
 import package_files
 import pytest
 from etils import epath
+from packaging.version import Version
 from private_uses import ATTRIBUTE, BASE, CALL, OVERRIDE, REPLACED, Found, uses_in
 
 # Kinds of row: what jaxjob takes the name for, which says how it is checked. The source scan
@@ -48,7 +55,11 @@ class Use:
     users: tuple[str, ...]  # jaxjob modules, relative to the package (``_src/...``)
     params: tuple[str, ...] = ()  # the parameters jaxjob passes or declares (without self)
     value: Any = None  # what jaxjob assumes the name is (a file name jaxjob also writes)
-    sha: tuple[str, ...] = ()  # the upstream sources jaxjob copied or re-implemented, reviewed
+    # the upstream code jaxjob copied or re-implemented, reviewed: (code hash, the releases)
+    sha: tuple[tuple[str, str], ...] = ()
+    # (release, where): in releases before ``release`` the name is at ``where`` instead
+    # (None: it is not there, and jaxjob does without it), oldest ``release`` first
+    before: tuple[tuple[str, str | None], ...] = ()
 
     @property
     def dotted(self) -> str:
@@ -84,11 +95,11 @@ FENCE = [
     Use(RENAME, BASE, "DurableRename: every file and the rename fsynced", (OP,)),
     Use(f"{RENAME}.create", OVERRIDE, "marks the directory flushed at the commit", (OP,)),
     Use(f"{RENAME}.finalize", OVERRIDE, "re-implemented: table, fsyncs, marker, rename", (OP,),
-        sha=("bdf4911434ad1211",)),
+        sha=(("bdf4911434ad1211", "0.12.3+"),)),
     *(Use(f"{RENAME}.{a}", ATTRIBUTE, "read by DurableRename's commit", (OP,)) for a in TMP_ATTRS),
     Use(COMMIT, BASE, "TabledCommitFile: the file table before the marker", (OP,)),
     Use(f"{COMMIT}.finalize", OVERRIDE, "re-implemented: file table, then marker", (OP,),
-        sha=("4d0ce4555d115297",)),
+        sha=(("4d0ce4555d115297", "0.12.3+"),)),
     *(Use(f"{COMMIT}.{a}", ATTRIBUTE, "read by TabledCommitFile's commit", (OP,)) for a in TMP_ATTRS),  # noqa: E501
     Use(TYPES, MODULE, "the temporary directory's suffix", (OP,)),
     Use(f"{TYPES}:TMP_DIR_SUFFIX", NAME, "the names of uncommitted saves", (OP, LAYOUT, RETENTION),
@@ -114,7 +125,8 @@ FENCE = [
     Use(f"{FORMAT}:OCDBT_MANIFEST_FILE", NAME, "an OCDBT database's root file",
         (FT, NAMES, CHECKSUM), value="manifest.ocdbt"),
     Use(f"{PROCESS}:PROCESS_PREFIX", NAME, "a process's OCDBT database (damaged leaf's files)",
-        (CHECKSUM,), value="ocdbt.process_"),
+        (CHECKSUM,), value="ocdbt.process_",
+        before=(("0.12.5", f"{TSU}:PROCESS_SUBDIR_PREFIX"),)),
     Use(f"{SHARDING}:_SHARDING", NAME, "saved shardings, read by jaxjob", (OF, FT, NAMES),
         value="_sharding"),
     Use(f"{SHARDING}:ShardingTypes.NAMED_SHARDING.value", NAME, "read from _sharding", (OF,),
@@ -132,18 +144,19 @@ FENCE = [
     Use(SER, MODULE, "Orbax's shard reader", (OP,)),
     Use(f"{SER}:_read_shard", REPLACED, "copied: restore_buffers.read_shard, aligned", (OP, RB),
         params=("t", "new_shard_shape", "dtype", "requested_domain", "restricted_domain"),
-        sha=("f36e73bdeac2cc4e",)),
+        sha=(("f36e73bdeac2cc4e", "0.12.3+"),)),
     # Orbax's per-call event loops: closed only once no read is left in flight
     Use(LOOPS, MODULE, "Orbax's synchronous runs of its coroutines", (OP,)),
     Use(f"{LOOPS}:_run_sync_via_new_loop", REPLACED, "copied: _run_to_the_end, idle first",
-        (OP,), params=("coro",), sha=("f2142da66adf46fd",)),
+        (OP,), params=("coro",), sha=(("f2142da66adf46fd", "0.12.5+"),),
+        before=(("0.12.5", None),)),  # 0.12.0-0.12.4: asyncio.run, nothing to replace
     # handlers: checksum files (ManifestHandler), private saves, the save's fail points
     Use(JSON, BASE, "ManifestHandler", (OP,)),
     Use(f"{JSON}._save_fn", OVERRIDE, "each process's checksum file", (OP,),
         params=("x", "directory")),
     Use(NUMPY, BASE, "_ThisProcessNumpyHandler: written by the calling process", (OP,)),
     Use(f"{NUMPY}._background_serialize", OVERRIDE, "re-implemented: this process writes", (OP,),
-        params=("values", "infos", "args"), sha=("db21e147ebfa1843",)),
+        params=("values", "infos", "args"), sha=(("db21e147ebfa1843", "0.12.3+"),)),
     Use(f"{NUMPY}._metadata_key", ATTRIBUTE, "passed to build_array_write_spec", (OP,)),
     Use(f"{NUMPY}._open_and_write", METHOD, "writes one array", (OP,),
         params=("value", "tspec", "ts_context")),
@@ -167,6 +180,9 @@ FENCE = [
         params=("key", "timeout_in_ms")),
     Use(f"{CLIENT}.get_live_nodes", METHOD, "who is still connected at exit", (DIST,),
         params=("process_ids",)),
+    Use("jax.sharding:NamedSharding.check_compatible_aval", METHOD,
+        "a restore's sharding fits its leaf (JAX 0.8.0-0.8.1 skip it)", (JP,),
+        params=("aval_shape",)),
     Use(f"{CORE}:ClosedJaxpr", CLASS, "the meshes a step's jaxpr names", (RESUME,)),
     Use(f"{CORE}:ClosedJaxpr.jaxpr", FIELD, "its jaxpr", (RESUME,)),
     Use(f"{CORE}:Jaxpr", CLASS, "the meshes a step's jaxpr names", (RESUME,)),
@@ -245,10 +261,11 @@ def _replaced_problems(use: Use) -> list[str]:
 
 
 def _hash_problems(use: Use, node: ast.AST) -> list[str]:
-    if not use.sha or _code_hash(node) in use.sha:
+    if not use.sha or _code_hash(node) in dict(use.sha):
         return []
+    reviewed = ", ".join(f"{h} ({releases})" for h, releases in use.sha)
     return [
-        f"changed upstream (code hash {_code_hash(node)}, reviewed: {', '.join(use.sha)}):"
+        f"changed upstream (code hash {_code_hash(node)}, reviewed: {reviewed}):"
         " review jaxjob's copy against it, then record the new hash in FENCE"
     ]
 
@@ -331,10 +348,34 @@ def _lookup_problems(use: Use) -> list[str]:
     return problems
 
 
+_DISTRIBUTIONS = {"orbax": "orbax-checkpoint", "jax": "jax", "jaxlib": "jaxlib"}
+
+
+def _in_release(use: Use) -> tuple[Use | None, str]:
+    """``use`` as the installed release spells it (None: not there), and which release that is."""
+    package = _DISTRIBUTIONS[use.where.split(".")[0]]
+    installed = metadata.version(package)
+    for release, where in use.before:
+        if Version(installed) < Version(release):
+            row = dataclasses.replace(use, where=where, before=()) if where else None
+            return row, f"{package} {installed} (before {release})"
+    return use, f"{package} {installed}"
+
+
+def _release_problems(use: Use) -> list[str]:
+    """What no longer holds of ``use`` as the installed release should have it."""
+    row, release = _in_release(use)
+    if row is None:
+        present = not _problems(dataclasses.replace(use, before=()))
+        return [f"is defined in {release}, where FENCE says it is not"] if present else []
+    problems = _problems(row)
+    return [f"{'; '.join(problems)} (in {release}, at {row.where})"] if problems else []
+
+
 @pytest.mark.parametrize("use", FENCE, ids=lambda use: f"{use.where}[{use.kind}]")
 def test_fence_holds(use):
     """Each private name jaxjob relies on still exists and means what jaxjob assumes."""
-    problems = _problems(use)
+    problems = _release_problems(use)
     users = ", ".join(f"jaxjob/{u}" for u in use.users)
     assert not problems, (
         f"{use.dotted} ({use.kind}) {'; '.join(problems)} (used by {users}: {use.used_for})"
@@ -430,7 +471,7 @@ _MOVED = [
     (Use(f"{CLIENT}.wait_at_barrier", METHOD, "x", (HOSTS,), params=("barrier_id", "timeout_s")),
      "jaxjob passes (barrier_id, timeout_s)"),
     (Use(f"{SER}:_read_shard", REPLACED, "x", (RB,), params=("t", "new_shard_shape", "dtype",
-     "requested_domain", "restricted_domain"), sha=("0" * 16,)), "review jaxjob's copy"),
+     "requested_domain", "restricted_domain"), sha=(("0" * 16, "x"),)), "review jaxjob's copy"),
     (Use(f"{TYPES}:TMP_DIR_SUFFIX", NAME, "x", (OP,), value=".tmp"), "not '.tmp'"),
     (Use(f"{RENAME}._tmp_dir", ATTRIBUTE, "x", (OP,)), "no longer set on its instances"),
     (Use(f"{STEP}:StepMetadata.commit_time", FIELD, "x", (OP,)), "no longer a field"),
@@ -445,6 +486,26 @@ def test_fence_notices_a_change(use, expected):
     """A row that no longer holds (as after an upgrade) is reported, saying what changed."""
     problems = "; ".join(_problems(use))
     assert (expected in problems) if expected else not problems, problems
+
+
+_SUFFIX = f"{TYPES}:TMP_DIR_SUFFIX"
+_BY_RELEASE = [
+    (Use(_SUFFIX, NAME, "x", (OP,), value=".orbax-checkpoint-tmp", before=(("0.1", "x:y"),)), ""),
+    (Use(_SUFFIX, NAME, "x", (OP,), before=(("999", f"{TYPES}:GONE"),)),
+     "no longer exists (AttributeError: module 'orbax.checkpoint._src.path.atomicity_types' has no "
+     f"attribute 'GONE') (in orbax-checkpoint {metadata.version('orbax-checkpoint')} (before 999), "
+     f"at {TYPES}:GONE)"),
+    (Use(_SUFFIX, NAME, "x", (OP,), before=(("999", None),)),
+     f"is defined in orbax-checkpoint {metadata.version('orbax-checkpoint')} (before 999), where "
+     "FENCE says it is not"),
+    (Use(f"{TYPES}:GONE", NAME, "x", (OP,), before=(("999", None),)), ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("use", "expected"), _BY_RELEASE)
+def test_fence_rows_follow_the_installed_release(use, expected):
+    """A row is checked as the installed release has it: newer, renamed before, or not there."""
+    assert "; ".join(_release_problems(use)) == expected
 
 
 def test_unfenced_uses_are_named():

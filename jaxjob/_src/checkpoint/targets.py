@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from jaxjob._src.checkpoint import codec, keypaths
+from jaxjob._src.internals import jax_private
 
 __all__ = ["Plan", "ShardingRule", "check_sharding_paths", "plan"]
 
@@ -182,6 +183,8 @@ def _abstract(
     leaf: Any, sharding: jax.sharding.Sharding, spec: codec.LeafSpec
 ) -> jax.ShapeDtypeStruct:
     try:
+        if sharding is not None:
+            jax_private.check_sharding(sharding, np.shape(leaf))  # as JAX 0.8.2+ does below
         return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
     except ValueError as err:
         raise ValueError(f"sharding of {spec.path} (shape {spec.shape}): {err}") from None

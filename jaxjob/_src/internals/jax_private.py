@@ -12,15 +12,19 @@ running ``jaxjob launch`` must not import Orbax.
 * **This process's index before a backend exists**, for the ``[process=i]``
   prefix of every log line: ``jax.process_index()`` initializes a backend,
   ``jax._src.distributed.global_state`` does not.
+* **Whether a sharding fits a shape** (:func:`check_sharding`): JAX 0.8.2 and
+  later check it in ``jax.ShapeDtypeStruct(..., sharding=)``; 0.8.0 and 0.8.1
+  do not, so jaxjob calls the same (undocumented) check itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 
-__all__ = ["distributed_client", "distributed_process_id", "timed_out"]
+__all__ = ["check_sharding", "distributed_client", "distributed_process_id", "timed_out"]
 
 
 def distributed_client() -> Any:
@@ -63,3 +67,20 @@ def timed_out(err: BaseException) -> bool:
         (True, False)
     """
     return "DEADLINE_EXCEEDED" in str(err)
+
+
+def check_sharding(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> None:
+    """Raises as ``jax.ShapeDtypeStruct`` does (JAX 0.8.2+) if ``sharding`` cannot shard ``shape``.
+
+    JAX 0.8.0 and 0.8.1 make the struct unchecked, and a spec of a higher rank
+    than the array then fails inside Orbax's restore as an ``IndexError``. A
+    sharding class without the check (``SingleDeviceSharding`` in 0.8.0 and
+    0.8.1) fits every shape.
+
+    Raises:
+        ValueError: If the spec names more dimensions than ``shape`` has, or
+            a dimension does not divide by its mesh axes (JAX's message).
+    """
+    check = getattr(type(sharding), "check_compatible_aval", None)
+    if check is not None:
+        check(sharding, tuple(shape))

@@ -98,7 +98,7 @@ __all__ = [
     "step_metadata_file",
 ]
 
-TESTED_ORBAX = ((0, 12, 8), (0, 13, 0))  # [lower, upper): keep in sync with pyproject.toml
+TESTED_ORBAX = ((0, 12, 3), (0, 13, 0))  # [lower, upper): keep in sync with pyproject.toml
 COMMIT_FILE = atomicity.COMMIT_SUCCESS_FILE
 FILE_TABLE = file_table.CHECKPOINT_TABLE  # written by the commit, just before its marker
 
@@ -111,7 +111,7 @@ def _check_version() -> None:
         raise ImportError(
             f"jaxjob needs orbax-checkpoint >={'.'.join(map(str, low))},<"
             f"{'.'.join(map(str, high))} (the versions it is tested with), but {installed} "
-            "is installed; run: pip install 'orbax-checkpoint>=0.12.8,<0.13'"
+            "is installed; run: pip install 'orbax-checkpoint>=0.12.3,<0.13'"
         )
 
 
