@@ -439,7 +439,8 @@ def install() -> None:
             return
         tensorstore_utils.build_kvstore_tspec = _kvstore_tspec
         serialization._read_shard = read_shard
-        asyncio_utils._run_sync_via_new_loop = _run_to_the_end
+        if hasattr(asyncio_utils, "_run_sync_via_new_loop"):  # Orbax 0.12.5+ (asyncio.run before)
+            asyncio_utils._run_sync_via_new_loop = _run_to_the_end
         _installed = True
 
 
