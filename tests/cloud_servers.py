@@ -100,6 +100,19 @@ def unique_prefix(bucket_url: str) -> str:
     return f"{bucket_url.rstrip('/')}/{uuid.uuid4().hex}"
 
 
+def s3_env(url: str) -> dict[str, str]:
+    """The environment of an S3 client (boto, s3fs, TensorStore) of the moto server at ``url``."""
+    return {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "EPATH_USE_TF": "false",
+    }
+
+
 class _FakeGcs:
     """fake-gcs-server subprocess (in-memory backend, plain http)."""
 
@@ -274,15 +287,7 @@ class _Moto:
                 time.sleep(0.05)
 
     def env(self) -> dict[str, str]:
-        return {
-            "AWS_ENDPOINT_URL": self.url,
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_REGION": "us-east-1",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_EC2_METADATA_DISABLED": "true",
-            "EPATH_USE_TF": "false",
-        }
+        return s3_env(self.url)
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -419,15 +424,7 @@ class StoppableServer:
             if not self.url.startswith("http://127.0.0.1:"):
                 self.stop()
                 raise RuntimeError(f"moto did not start: {self.url!r}")
-            self.env = {
-                "AWS_ENDPOINT_URL": self.url,
-                "AWS_ACCESS_KEY_ID": "test",
-                "AWS_SECRET_ACCESS_KEY": "test",
-                "AWS_REGION": "us-east-1",
-                "AWS_DEFAULT_REGION": "us-east-1",
-                "AWS_EC2_METADATA_DISABLED": "true",
-                "EPATH_USE_TF": "false",
-            }
+            self.env = s3_env(self.url)
         self.bucket = f"gs://{GCS_BUCKET_NAME}" if kind == "gcs" else f"s3://{S3_BUCKET_NAME}"
 
     def pause(self) -> None:

@@ -58,23 +58,28 @@ def test_every_module_logs_under_a_public_name_in_the_jaxjob_hierarchy():
         assert logger is top, name
 
 
-def test_no_module_names_a_logger_after_itself():
-    """No module of jaxjob calls logging.getLogger(__name__) (a private name); they log through
-    get_logger, which names the logger publicly."""
-    found = []
+def _package_trees():
+    """Each .py file under jaxjob/, parsed: ``(path, ast)``."""
     for folder, _, files in os.walk(PACKAGE):
         for name in sorted(f for f in files if f.endswith(".py")):
             path = os.path.join(folder, name)
             with open(path) as f:
-                tree = ast.parse(f.read())
-            calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args]
-            for node in calls:
-                named = getattr(node.func, "attr", None) == "getLogger"
-                argument = node.args[0]
-                own = isinstance(argument, ast.Name) and argument.id == "__name__"
-                private = own or "_src" in str(getattr(argument, "value", ""))
-                if named and private:
-                    found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+                yield path, ast.parse(f.read())
+
+
+def test_no_module_names_a_logger_after_itself():
+    """No module of jaxjob calls logging.getLogger(__name__) (a private name); they log through
+    get_logger, which names the logger publicly."""
+    found = []
+    for path, tree in _package_trees():
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args]
+        for node in calls:
+            named = getattr(node.func, "attr", None) == "getLogger"
+            argument = node.args[0]
+            own = isinstance(argument, ast.Name) and argument.id == "__name__"
+            private = own or "_src" in str(getattr(argument, "value", ""))
+            if named and private:
+                found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
     assert found == []
 
 
@@ -254,21 +259,17 @@ def _docstring_nodes(tree):
 def _private_text_in_literals():
     """Non-docstring string literals in jaxjob/ (messages, log lines) naming a private module."""
     found = []
-    for folder, _, files in os.walk(PACKAGE):
-        for name in sorted(f for f in files if f.endswith(".py")):
-            path = os.path.join(folder, name)
-            with open(path) as f:
-                tree = ast.parse(f.read())
-            docstrings = _docstring_nodes(tree)
-            public_module = os.path.dirname(path) == PACKAGE
-            for node in ast.walk(tree):
-                if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
-                    continue
-                if "_src" not in node.value or IMPORT_PATH.fullmatch(node.value):
-                    continue
-                if id(node) in docstrings and not public_module:
-                    continue  # an implementation module's own notes: see _public_docstrings
-                found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+    for path, tree in _package_trees():
+        docstrings = _docstring_nodes(tree)
+        public_module = os.path.dirname(path) == PACKAGE
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            if "_src" not in node.value or IMPORT_PATH.fullmatch(node.value):
+                continue
+            if id(node) in docstrings and not public_module:
+                continue  # an implementation module's own notes: see _public_docstrings
+            found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
     return found
 
 
