@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,12 @@ def timed(fn, *args, **kwargs):
     start = time.perf_counter()
     result = fn(*args, **kwargs)
     return time.perf_counter() - start, result
+
+
+def cpu_seconds():
+    """This process's CPU time so far, every thread's (user + system), in seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def summary(values):

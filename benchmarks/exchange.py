@@ -23,7 +23,7 @@ jaxjob.distributed.initialize()
 
 import jax  # noqa: E402
 
-from jaxjob._src.internals import jax_private  # noqa: E402
+from jaxjob._src.base import jax_private  # noqa: E402
 
 
 def old_exchange(client, call, payload):

@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import jaxjob
-from jaxjob._src.checkpoint import manifest, run_identity, storage
+from jaxjob._src.checkpoint import codec, io, manifest, run_identity, storage
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
@@ -44,10 +44,10 @@ def _durable(prefix, ws):
 
 def _orbax_rename(prefix, ws):
     found, flat = manifest.build(0, "local", ws, {}, None, run=run_identity.ensure(prefix))
-    encoded, _ = storage.encode(found, flat, private=False)
-    checkpointer = ocp.Checkpointer(storage.composite_handler(prefix, False))
+    encoded, _ = storage.encode(found, flat, codec.SharedCodec())
+    checkpointer = ocp.Checkpointer(io.composite_handler(prefix, False))
     start = time.perf_counter()
-    checkpointer.save(os.path.join(prefix, "local.0"), args=storage.save_args(encoded, found))
+    checkpointer.save(os.path.join(prefix, "local.0"), args=io.save_args(encoded, found))
     took = time.perf_counter() - start
     checkpointer.close()
     return took

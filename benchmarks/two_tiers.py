@@ -5,9 +5,9 @@
 Every figure is a ratio to a reference measured in the same run, on this machine:
 
 * a local save of a MIB-MiB workspace (4 float32 leaves) to a RAM disk (/dev/shm), from
-  ``save_local`` to its durable commit, against a raw write+fsync of the same bytes there; the
-  training thread's blocked part of it against the commit; and the same for a persistent save to
-  local disk (the blocked part of each);
+  ``tier("local").save`` to its durable commit, against a raw write+fsync of the same bytes
+  there; the training thread's blocked part of it against the commit; and the same for a
+  persistent save to local disk (the blocked part of each);
 * a resume from the local copy (``restore`` of the whole workspace) against a raw read of the
   same bytes from the RAM disk (``--reads`` of each per round, alternating), in wall time and
   in this process's CPU time (user + system: on a machine that other work keeps busy, the
@@ -107,9 +107,9 @@ def _saves(mib, rounds, reads):
             ckpt.wait_until_finished()
             rows["persistent_commit"].append(time.perf_counter() - start)
             start = time.perf_counter()
-            ckpt.save_local(1, ws)
+            ckpt.tier("local").save(1, ws)
             rows["local_blocked"].append(time.perf_counter() - start)
-            ckpt.finish_local_tier()
+            ckpt.tier("local").finish()
             rows["local_commit"].append(time.perf_counter() - start)
             ckpt.close()
             _reads(read, os.path.join(shm, "local"), reads, rows, costs)

@@ -27,7 +27,7 @@ _EXPORTS = {  # public name -> the module defining it
     "ProcessCountError": "jaxjob._src.checkpoint.hostlocal",
     "StorageError": "jaxjob._src.base.remote",
     "StorageTimeoutError": "jaxjob._src.base.remote",
-    "UnstorableLeafError": "jaxjob._src.checkpoint.codec",
+    "UnstorableLeafError": "jaxjob._src.checkpoint.leaf_spec",
     "Job": "jaxjob._src.core.job",
     "epoch_limiter": "jaxjob._src.core.job",
     "db_name": "jaxjob._src.checkpoint.layout",
@@ -66,10 +66,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; the same names as _EXPORTS
     from jaxjob._src.base.remote import MissingExtraError as MissingExtraError
     from jaxjob._src.base.remote import StorageError as StorageError
     from jaxjob._src.base.remote import StorageTimeoutError as StorageTimeoutError
-    from jaxjob._src.checkpoint.codec import UnstorableLeafError as UnstorableLeafError
     from jaxjob._src.checkpoint.hostlocal import ProcessCountError as ProcessCountError
     from jaxjob._src.checkpoint.layout import db_name as db_name
     from jaxjob._src.checkpoint.layout import get_ckpt_filename as get_ckpt_filename
+    from jaxjob._src.checkpoint.leaf_spec import UnstorableLeafError as UnstorableLeafError
     from jaxjob._src.checkpoint.restore import restore as restore
     from jaxjob._src.checkpoint.run_identity import LineageError as LineageError
     from jaxjob._src.core.job import Job as Job

@@ -13,12 +13,12 @@ Example:
     [0, 3, 6, 8]
 """
 
-from jaxjob._src.manager.keep import Best as Best
-from jaxjob._src.manager.keep import Every as Every
-from jaxjob._src.manager.keep import Last as Last
-from jaxjob._src.manager.keep import Policy as Policy
-from jaxjob._src.manager.keep import kept as kept
-from jaxjob._src.manager.keep import metric_names as metric_names
-from jaxjob._src.manager.keep import normalize as normalize
+from jaxjob._src.manager.retention.keep import Best as Best
+from jaxjob._src.manager.retention.keep import Every as Every
+from jaxjob._src.manager.retention.keep import Last as Last
+from jaxjob._src.manager.retention.keep import Policy as Policy
+from jaxjob._src.manager.retention.keep import kept as kept
+from jaxjob._src.manager.retention.keep import metric_names as metric_names
+from jaxjob._src.manager.retention.keep import normalize as normalize
 
 __all__ = ["Best", "Every", "Last", "Policy", "kept", "metric_names", "normalize"]

@@ -5,6 +5,6 @@ say ``jaxjob.orbax_adapter.ManifestHandler``, so that name stays importable.
 The handler itself lives with jaxjob's other uses of Orbax's internals.
 """
 
-from jaxjob._src.internals.orbax_private import ManifestHandler as ManifestHandler
+from jaxjob._src.internals.orbax_handlers import ManifestHandler as ManifestHandler
 
 __all__ = ["ManifestHandler"]

@@ -32,7 +32,7 @@ AWS_SECRET_ACCESS_KEY=test, AWS_REGION=us-east-1, AWS_DEFAULT_REGION=us-east-1,
 AWS_EC2_METADATA_DISABLED=true, EPATH_USE_TF=false.
 
 TensorStore does not read AWS_ENDPOINT_URL; jaxjob's Orbax adapter
-(``jaxjob._src.internals.orbax_private``) passes it to TensorStore's s3 driver.
+(``jaxjob._src.internals.orbax_kvstore``) passes it to TensorStore's s3 driver.
 """
 
 from __future__ import annotations

@@ -12,38 +12,49 @@ import pytest
 import jaxjob
 
 SRC = os.path.join(os.path.dirname(jaxjob.__file__), "_src")
-MODULES = 97  # .py files under jaxjob/_src, the layers' __init__.py included
+MODULES = 122  # .py files under jaxjob/_src, the layers' __init__.py included
 
-# layer -> the layers its modules may import ("internals.jax_private": that module only)
+# layer -> the layers its modules may import (a module with a rule of its own: that module only)
 ALLOWED = {
-    "internals.jax_private": set(),
-    "internals.orbax_private": {"base", "internals.restore_buffers", "internals.commit_barrier"},
-    "internals.commit_barrier": {"base", "internals.jax_private"},
-    "internals.orbax_files": {"base", "internals.orbax_private"},
+    "base.jax_private": set(),  # JAX only: the logger and the cross-host waits use it
+    "internals.orbax_version": set(),  # the standard library only
+    "internals.orbax_kvstore": {"base", "internals.orbax_version"},
+    "internals.orbax_reads": {"internals.orbax_version", "internals.restore_buffers"},
+    "internals.orbax_commit": {"base", "internals.orbax_version", "internals.orbax_kvstore"},
+    "internals.orbax_handlers": {"internals.orbax_version", "internals.orbax_commit"},
+    "internals.orbax_checkpointer": {
+        "base",
+        "internals.commit_barrier",
+        "internals.orbax_commit",
+        "internals.orbax_kvstore",
+        "internals.orbax_reads",
+        "internals.orbax_version",
+    },
+    "internals.commit_barrier": {"base"},
+    "internals.orbax_files": {"base", "internals.orbax_commit"},
     "internals.restore_buffers": set(),  # NumPy and TensorStore only
-    "base": {"internals.jax_private"},  # log.py: the process index of each line
+    "base": set(),
     "core": {"base"},
-    "multihost": {"base", "internals.jax_private"},
+    "multihost": {"base"},
     # restore() returns a Workspace, the one name of core it needs
     "checkpoint": {"base", "internals", "core.workspace"},
-    "manager": {"base", "core", "multihost", "internals", "checkpoint"},
-    "run": {"base", "core", "multihost", "internals", "checkpoint", "manager"},
+    # Orbax and its internals only through checkpoint (checkpoint.io, the one I/O handle)
+    "manager": {"base", "core", "multihost", "checkpoint"},
+    "run": {"base", "core", "multihost", "checkpoint", "manager"},
     "cli": None,  # anything
     "testing": None,
 }
-# The modules that may import internals.orbax_private or internals.orbax_files, below cli and
-# testing (which may) and outside internals: the ones opening Orbax checkpoints or reading Orbax's
-# own files.
+# The modules that may import internals.orbax_*, below cli and testing (which may) and outside
+# internals: the one I/O handle (checkpoint.io, which alone builds Orbax checkpointers), and the
+# readers of Orbax's own files (orbax_files: commit times, saved shardings).
 ORBAX_PRIVATE_USERS = {
+    "checkpoint.io",
     "checkpoint.listing",  # Orbax's commit times
-    "checkpoint.restore",
-    "checkpoint.storage",
-    "checkpoint.verify",  # the one verify_checkpoint opens its reader
-    "manager.reader",
-    "manager.writer",
+    "checkpoint.storage",  # the saved shardings a resume restores onto
 }
-NO_ORBAX_LAYERS = ("base", "core", "multihost", "internals.jax_private")
+NO_ORBAX_LAYERS = ("base", "core", "multihost")
 HEAVY = ("orbax", "tensorstore")
+ORBAX_FREE_LAYERS = ("manager", "run")  # Orbax only through checkpoint.io
 
 
 def _sources():
@@ -138,8 +149,8 @@ def test_each_module_imports_only_the_layers_below_its_own():
     assert not found, "\n".join(found)
 
 
-def test_only_the_modules_doing_orbax_io_import_orbax_private():
-    """internals.orbax_* is imported by the Orbax I/O modules only (cli and testing aside)."""
+def test_only_the_io_handle_and_orbax_file_readers_import_orbax_internals():
+    """internals.orbax_* is imported by checkpoint.io and the readers of Orbax's files only."""
     users = set()
     for module, tree in SOURCES.items():
         for _, imported, names in _imports(tree):
@@ -147,6 +158,20 @@ def test_only_the_modules_doing_orbax_io_import_orbax_private():
                 users.add(module)
     outside = {m for m in users if _layer_of(m) != "internals"}
     assert {m for m in outside if ALLOWED[_layer_of(m)] is not None} == ORBAX_PRIVATE_USERS
+
+
+@pytest.mark.parametrize("layer", ORBAX_FREE_LAYERS)
+def test_manager_and_run_never_import_orbax(layer):
+    """The managers and the runner reach Orbax only through checkpoint.io's handle."""
+    found = [
+        f"jaxjob/_src/{module.replace('.', '/')}.py:{line}: {imported}"
+        for module, tree in SOURCES.items()
+        if _layer_of(module) == layer
+        for line, imported, names in _imports(tree)
+        if imported.split(".")[0] in HEAVY
+        or any(t.startswith("internals.orbax_") for t in _targets(imported, names))
+    ]
+    assert found == [], "import checkpoint.io instead of:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("layer", NO_ORBAX_LAYERS)

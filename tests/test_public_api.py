@@ -24,7 +24,7 @@ PUBLIC = {
     "ProcessCountError": "jaxjob._src.checkpoint.hostlocal",
     "StorageError": "jaxjob._src.base.remote",
     "StorageTimeoutError": "jaxjob._src.base.remote",
-    "UnstorableLeafError": "jaxjob._src.checkpoint.codec",
+    "UnstorableLeafError": "jaxjob._src.checkpoint.leaf_spec",
     "Job": "jaxjob._src.core.job",
     "JobRunner": "jaxjob._src.run.runner",
     "JsonlWriter": "jaxjob._src.run.writers",
@@ -59,10 +59,10 @@ REEXPORTS = {
         ["DEFAULT_TIMEOUT_S", "HostTimeoutError", "decide", "exchange"],
     ),
     "jaxjob.keep": (
-        "jaxjob._src.manager.keep",
+        "jaxjob._src.manager.retention.keep",
         ["Best", "Every", "Last", "Policy", "kept", "metric_names", "normalize"],
     ),
-    "jaxjob.orbax_adapter": ("jaxjob._src.internals.orbax_private", ["ManifestHandler"]),
+    "jaxjob.orbax_adapter": ("jaxjob._src.internals.orbax_handlers", ["ManifestHandler"]),
     "jaxjob.testing": (
         "jaxjob._src.testing.testing",
         [

@@ -46,8 +46,8 @@ def test_every_module_logs_under_a_public_name_in_the_jaxjob_hierarchy():
     assert not {m: n for m, n in named.items() if "_src" in n or n.split(".")[0] != "jaxjob"}
     assert named["jaxjob._src.run.runner"] == "jaxjob.runner"
     assert named["jaxjob._src.run.save_failures"] == "jaxjob.runner"
-    assert named["jaxjob._src.manager.writer"] == "jaxjob.manager"
-    assert named["jaxjob._src.manager.lock"] == "jaxjob.manager.lock"
+    assert named["jaxjob._src.manager.save.writer"] == "jaxjob.manager"
+    assert named["jaxjob._src.manager.lock.writer_lock"] == "jaxjob.manager.lock"
     assert named["jaxjob._src.checkpoint.restore"] == "jaxjob.restore"
     assert named["jaxjob._src.multihost.distributed"] == "jaxjob.distributed"
     top = logging.getLogger("jaxjob")

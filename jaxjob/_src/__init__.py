@@ -3,9 +3,10 @@
 From the bottom up, each layer importing only those below it
 (``tests/test_layers.py`` checks it):
 
-* ``internals``: every use of JAX's and Orbax's private APIs (``jax_private``
-  imports nothing of jaxjob, ``orbax_private`` and ``orbax_files`` import ``base``).
-* ``base``: errors, logging, paths and files, fail points, signals.
+* ``base``: errors, logging, paths and files, fail points, signals, JAX's
+  internals (``jax_private``, which imports nothing of jaxjob).
+* ``internals``: every use of Orbax's private APIs, one module per mechanism
+  (they import ``base``), reached from above through ``checkpoint.io``.
 * ``core``: the pure job model: workspace, tasks, jobs, sessions.
 * ``multihost``: waits between processes, ``jax.distributed``, ``jaxjob launch``.
 * ``checkpoint``: one checkpoint directory.

@@ -254,17 +254,17 @@ def test_a_save_failing_before_its_commit_leaves_no_host_copies_behind(tmp_path,
     directory would have written the checksum file twice).
     """
     from jaxjob._src.base import faults
-    from jaxjob._src.internals import orbax_private
+    from jaxjob._src.internals import orbax_commit
 
     monkeypatch.setenv(faults.FAIL_AT_ENV, "save.commit:1")
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     ckpt.save(0, {"w": jnp.arange(1000.0)})
     with pytest.raises(jaxjob.CheckpointSaveError, match="epoch 0 .*injected I/O error"):
         ckpt.wait_until_finished()
-    assert orbax_private._checksums_at_commit == {}
+    assert orbax_commit._checksums_at_commit == {}
     ckpt.save(0, {"w": jnp.arange(1000.0) + 1})
     ckpt.wait_until_finished()
-    assert orbax_private._checksums_at_commit == {}
+    assert orbax_commit._checksums_at_commit == {}
     assert ckpt.committed_epochs() == [0] and ckpt.verify(0) == []
     assert float(jaxjob.restore(str(tmp_path), epoch=0)["w"][0]) == 1.0
     ckpt.close()

@@ -18,7 +18,7 @@ import jaxjob
 from jaxjob import testing
 from jaxjob._src.base import file_table, mounts
 from jaxjob._src.checkpoint import files, verify
-from jaxjob._src.internals import orbax_private
+from jaxjob._src.internals import orbax_checkpointer
 
 
 def _workspace(epoch):
@@ -106,7 +106,7 @@ def test_a_damaged_data_file_on_a_ram_disk_is_refused(saved, ram_disk, kind):
     """On a RAM disk restore reads the large data files through a memory map: an intact copy
     restores exactly, and each large data file damaged this way is named and refused."""
     original, other = os.path.join(saved, "local.1"), os.path.join(saved, "local.0")
-    orbax_private.install()
+    orbax_checkpointer.install()
     spec = tensorstore_utils.build_kvstore_tspec(str(ram_disk / "local.1"), use_ocdbt=True)
     assert '"memmap"' in json.dumps(spec)  # the reads below go through the map
     intact = str(ram_disk / "intact" / "local.1")

@@ -8,7 +8,7 @@ import pytest
 
 import jaxjob
 from jaxjob._src.base.leaves import Kind
-from jaxjob._src.checkpoint import codec, dtypes
+from jaxjob._src.checkpoint import dtypes, leaf_spec
 
 HOST_LOCAL = {
     "bool": np.array([True, False]),
@@ -56,7 +56,7 @@ def test_a_structured_numpy_array_is_refused_at_save(tmp_path, dtype):
     """A structured array (its dtype's name parses back to no dtype) is refused before writing."""
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     with pytest.raises(
-        codec.UnstorableLeafError,
+        leaf_spec.UnstorableLeafError,
         match=r"cannot checkpoint the leaf at \['x'\] \(shape \(\d,?\d?\)\): dtype .* is not one "
         r"a numpy leaf can have",
     ):

@@ -141,7 +141,7 @@ def uses_in(source: str, file: str, names: dict[str, str]) -> list[Found]:
 
     Args:
         source: The text of a jaxjob module.
-        file: Its path, relative to the package (``_src/internals/orbax_private.py``).
+        file: Its path, relative to the package (``_src/internals/orbax_commit.py``).
         names: Orbax's file names that jaxjob may spell out itself -> their upstream names.
     """
     nodes = list(ast.walk(ast.parse(source)))

@@ -11,7 +11,7 @@ import time
 import pytest
 from orbax.checkpoint._src import asyncio_utils
 
-from jaxjob._src.internals import orbax_private
+from jaxjob._src.internals import orbax_reads
 
 NOISE = ("Event loop is closed", "Exception ignored", "was never awaited", "Task was destroyed")
 
@@ -19,7 +19,7 @@ NOISE = ("Event loop is closed", "Exception ignored", "was never awaited", "Task
 def test_a_failed_gathered_read_leaves_nothing_in_flight_on_a_closed_loop(capfd, monkeypatch):
     """One of the reads Orbax gathers fails while another is in a worker thread: the call
     raises only once that read has finished, and nothing reaches the closed loop later."""
-    orbax_private.install()
+    orbax_reads.install()
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     finished = threading.Event()

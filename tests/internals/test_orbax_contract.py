@@ -68,11 +68,12 @@ class Use:
 
 # fmt: off
 # jaxjob's modules (users), relative to the package
-OP, OF, RB = "_src/internals/orbax_private.py", "_src/internals/orbax_files.py", "_src/internals/restore_buffers.py"  # noqa: E501
-JP, FT, LAYOUT = "_src/internals/jax_private.py", "_src/base/file_table.py", "_src/checkpoint/layout.py"  # noqa: E501
+OC, OK, OR = "_src/internals/orbax_commit.py", "_src/internals/orbax_kvstore.py", "_src/internals/orbax_reads.py"  # noqa: E501
+OH, OF, RB = "_src/internals/orbax_handlers.py", "_src/internals/orbax_files.py", "_src/internals/restore_buffers.py"  # noqa: E501
+JP, FT, LAYOUT = "_src/base/jax_private.py", "_src/base/file_table.py", "_src/checkpoint/layout.py"  # noqa: E501
 NAMES, FILES = "_src/checkpoint/stored_names.py", "_src/checkpoint/files.py"
-STORAGE, CHECKSUM = "_src/checkpoint/storage.py", "_src/checkpoint/checksum.py"
-RETENTION, RESUME = "_src/manager/retention.py", "_src/run/resume.py"
+CHECKSUM = "_src/checkpoint/checksum.py"
+RETENTION, TARGETS = "_src/manager/retention/leftovers.py", "_src/run/targets.py"
 HOSTS, DIST = "_src/multihost/hosts.py", "_src/multihost/distributed.py"
 # upstream modules and classes
 ATOM, TYPES = "orbax.checkpoint._src.path.atomicity", "orbax.checkpoint._src.path.atomicity_types"
@@ -89,32 +90,32 @@ TMP_ATTRS = ("_tmp_path", "_final_path", "_checkpoint_metadata_store")
 
 FENCE = [
     # the durable commit (DurableRename) and the commit file on object stores (TabledCommitFile)
-    Use(ATOM, MODULE, "Orbax's commit classes", (OP,)),
+    Use(ATOM, MODULE, "Orbax's commit classes", (OC,)),
     Use(f"{ATOM}:COMMIT_SUCCESS_FILE", NAME, "the commit marker, written and read",
-        (OP, FT, LAYOUT, NAMES, FILES), value="commit_success.txt"),
-    Use(RENAME, BASE, "DurableRename: every file and the rename fsynced", (OP,)),
-    Use(f"{RENAME}.create", OVERRIDE, "marks the directory flushed at the commit", (OP,)),
-    Use(f"{RENAME}.finalize", OVERRIDE, "re-implemented: table, fsyncs, marker, rename", (OP,),
+        (OC, FT, LAYOUT, NAMES, FILES), value="commit_success.txt"),
+    Use(RENAME, BASE, "DurableRename: every file and the rename fsynced", (OC,)),
+    Use(f"{RENAME}.create", OVERRIDE, "marks the directory flushed at the commit", (OC,)),
+    Use(f"{RENAME}.finalize", OVERRIDE, "re-implemented: table, fsyncs, marker, rename", (OC,),
         sha=(("bdf4911434ad1211", "0.12.3+"),)),
-    *(Use(f"{RENAME}.{a}", ATTRIBUTE, "read by DurableRename's commit", (OP,)) for a in TMP_ATTRS),
-    Use(COMMIT, BASE, "TabledCommitFile: the file table before the marker", (OP,)),
-    Use(f"{COMMIT}.finalize", OVERRIDE, "re-implemented: file table, then marker", (OP,),
+    *(Use(f"{RENAME}.{a}", ATTRIBUTE, "read by DurableRename's commit", (OC,)) for a in TMP_ATTRS),
+    Use(COMMIT, BASE, "TabledCommitFile: the file table before the marker", (OC,)),
+    Use(f"{COMMIT}.finalize", OVERRIDE, "re-implemented: file table, then marker", (OC,),
         sha=(("4d0ce4555d115297", "0.12.3+"),)),
-    *(Use(f"{COMMIT}.{a}", ATTRIBUTE, "read by TabledCommitFile's commit", (OP,)) for a in TMP_ATTRS),  # noqa: E501
-    Use(TYPES, MODULE, "the temporary directory's suffix", (OP,)),
-    Use(f"{TYPES}:TMP_DIR_SUFFIX", NAME, "the names of uncommitted saves", (OP, LAYOUT, RETENTION),
+    *(Use(f"{COMMIT}.{a}", ATTRIBUTE, "read by TabledCommitFile's commit", (OC,)) for a in TMP_ATTRS),  # noqa: E501
+    Use(TYPES, MODULE, "the temporary directory's suffix", (OC,)),
+    Use(f"{TYPES}:TMP_DIR_SUFFIX", NAME, "the names of uncommitted saves", (OC, LAYOUT, RETENTION),
         value=".orbax-checkpoint-tmp"),
-    Use(ASYNC, MODULE, "Orbax's async file operations", (OP,)),
-    Use(f"{ASYNC}:rename", FUNCTION, "the commit's rename", (OP,), params=("src", "dst")),
-    Use(f"{ASYNC}:write_text", FUNCTION, "a checksum file", (OP,), params=("path", "text")),
+    Use(ASYNC, MODULE, "Orbax's async file operations", (OC, OH)),
+    Use(f"{ASYNC}:rename", FUNCTION, "the commit's rename", (OC,), params=("src", "dst")),
+    Use(f"{ASYNC}:write_text", FUNCTION, "a checksum file", (OH,), params=("path", "text")),
     # step metadata (start and commit times) and the other files Orbax names
-    Use(STEP, MODULE, "the step metadata file", (OP,)),
-    Use(f"{STEP}:step_metadata_file_path", FUNCTION, "where the commit time is", (OP,),
+    Use(STEP, MODULE, "the step metadata file", (OC,)),
+    Use(f"{STEP}:step_metadata_file_path", FUNCTION, "where the commit time is", (OC,),
         params=("path",)),
-    Use(f"{STEP}:MetadataStore.update", METHOD, "records the commit time", (OP,),
+    Use(f"{STEP}:MetadataStore.update", METHOD, "records the commit time", (OC,),
         params=("file_path",)),
-    Use(f"{STEP}:MetadataStore.wait_until_finished", METHOD, "around that update", (OP,)),
-    Use(f"{STEP}:StepMetadata.commit_timestamp_nsecs", FIELD, "written, read back", (OP, OF)),
+    Use(f"{STEP}:MetadataStore.wait_until_finished", METHOD, "around that update", (OC,)),
+    Use(f"{STEP}:StepMetadata.commit_timestamp_nsecs", FIELD, "written, read back", (OC, OF)),
     Use(f"{STEP}:StepMetadata.init_timestamp_nsecs", FIELD, "a checkpoint's start time", (OF,)),
     Use(f"{STEP}:_STEP_METADATA_FILENAME", NAME, "an Orbax file (file table, reserved names)",
         (FT, NAMES, FILES), value="_CHECKPOINT_METADATA"),
@@ -134,37 +135,37 @@ FENCE = [
     Use(f"{SHARDING}:ShardingTypes.SINGLE_DEVICE_SHARDING.value", NAME, "read from _sharding",
         (OF,), value="SingleDeviceSharding"),
     # TensorStore specs (s3://, no per-file fsync, memmap reads); 64-byte aligned restore buffers
-    Use(TSU, MODULE, "Orbax's TensorStore specs", (OP,)),
+    Use(TSU, MODULE, "Orbax's TensorStore specs", (OK, OH)),
     Use(f"{TSU}:build_kvstore_tspec", REPLACED, "wrapped: s3://, no fsync in a commit, memmap",
-        (OP,), params=("directory", "name")),
-    Use(f"{TSU}:build_array_write_spec", FUNCTION, "_ThisProcessNumpyHandler's writes", (OP,),
+        (OK,), params=("directory", "name")),
+    Use(f"{TSU}:build_array_write_spec", FUNCTION, "_ThisProcessNumpyHandler's writes", (OH,),
         params=("info", "arg", "global_shape", "local_shape", "dtype", "use_ocdbt",
                 "process_index", "metadata_key")),
-    Use(f"{TSU}:ArrayWriteSpec.json", FIELD, "the spec _ThisProcessNumpyHandler opens", (OP,)),
-    Use(SER, MODULE, "Orbax's shard reader", (OP,)),
-    Use(f"{SER}:_read_shard", REPLACED, "copied: restore_buffers.read_shard, aligned", (OP, RB),
+    Use(f"{TSU}:ArrayWriteSpec.json", FIELD, "the spec _ThisProcessNumpyHandler opens", (OH,)),
+    Use(SER, MODULE, "Orbax's shard reader", (OR,)),
+    Use(f"{SER}:_read_shard", REPLACED, "copied: restore_buffers.read_shard, aligned", (OR, RB),
         params=("t", "new_shard_shape", "dtype", "requested_domain", "restricted_domain"),
         sha=(("f36e73bdeac2cc4e", "0.12.3+"),)),
     # Orbax's per-call event loops: closed only once no read is left in flight
-    Use(LOOPS, MODULE, "Orbax's synchronous runs of its coroutines", (OP,)),
+    Use(LOOPS, MODULE, "Orbax's synchronous runs of its coroutines", (OR,)),
     Use(f"{LOOPS}:_run_sync_via_new_loop", REPLACED, "copied: _run_to_the_end, idle first",
-        (OP,), params=("coro",), sha=(("f2142da66adf46fd", "0.12.5+"),),
+        (OR,), params=("coro",), sha=(("f2142da66adf46fd", "0.12.5+"),),
         before=(("0.12.5", None),)),  # 0.12.0-0.12.4: asyncio.run, nothing to replace
     # handlers: checksum files (ManifestHandler), private saves, the save's fail points
-    Use(JSON, BASE, "ManifestHandler", (OP,)),
-    Use(f"{JSON}._save_fn", OVERRIDE, "each process's checksum file", (OP,),
+    Use(JSON, BASE, "ManifestHandler", (OH,)),
+    Use(f"{JSON}._save_fn", OVERRIDE, "each process's checksum file", (OH,),
         params=("x", "directory")),
-    Use(NUMPY, BASE, "_ThisProcessNumpyHandler: written by the calling process", (OP,)),
-    Use(f"{NUMPY}._background_serialize", OVERRIDE, "re-implemented: this process writes", (OP,),
+    Use(NUMPY, BASE, "_ThisProcessNumpyHandler: written by the calling process", (OH,)),
+    Use(f"{NUMPY}._background_serialize", OVERRIDE, "re-implemented: this process writes", (OH,),
         params=("values", "infos", "args"), sha=(("db21e147ebfa1843", "0.12.3+"),)),
-    Use(f"{NUMPY}._metadata_key", ATTRIBUTE, "passed to build_array_write_spec", (OP,)),
-    Use(f"{NUMPY}._open_and_write", METHOD, "writes one array", (OP,),
+    Use(f"{NUMPY}._metadata_key", ATTRIBUTE, "passed to build_array_write_spec", (OH,)),
+    Use(f"{NUMPY}._open_and_write", METHOD, "writes one array", (OH,),
         params=("value", "tspec", "ts_context")),
-    Use(f"{INFO}.await_path_creation", METHOD, "before each write", (OP,)),
-    Use(f"{INFO}.ts_context", FIELD, "each write's TensorStore context", (OP,)),
-    Use(COMPOSITE, BASE, "the save's fail points", (STORAGE,)),
+    Use(f"{INFO}.await_path_creation", METHOD, "before each write", (OH,)),
+    Use(f"{INFO}.ts_context", FIELD, "each write's TensorStore context", (OH,)),
+    Use(COMPOSITE, BASE, "CompositeHandler: the save's fail points", (OH,)),
     Use(f"{COMPOSITE}.async_save", OVERRIDE, "futures it returns are waited on in order",
-        (STORAGE,), params=("directory", "args")),
+        (OH,), params=("directory", "args")),
     # JAX: the coordination-service client, the process index before a backend, jaxprs
     Use(DISTRIBUTED, MODULE, "jax.distributed's state", (JP,)),
     Use(f"{DISTRIBUTED}:global_state", NAME, "the client and the process id", (JP,)),
@@ -183,11 +184,11 @@ FENCE = [
     Use("jax.sharding:NamedSharding.check_compatible_aval", METHOD,
         "a restore's sharding fits its leaf (JAX 0.8.0-0.8.1 skip it)", (JP,),
         params=("aval_shape",)),
-    Use(f"{CORE}:ClosedJaxpr", CLASS, "the meshes a step's jaxpr names", (RESUME,)),
-    Use(f"{CORE}:ClosedJaxpr.jaxpr", FIELD, "its jaxpr", (RESUME,)),
-    Use(f"{CORE}:Jaxpr", CLASS, "the meshes a step's jaxpr names", (RESUME,)),
-    Use(f"{CORE}:Jaxpr.eqns", FIELD, "its equations", (RESUME,)),
-    Use(f"{CORE}:JaxprEqn.params", FIELD, "an equation's shardings", (RESUME,)),
+    Use(f"{CORE}:ClosedJaxpr", CLASS, "the meshes a step's jaxpr names", (TARGETS,)),
+    Use(f"{CORE}:ClosedJaxpr.jaxpr", FIELD, "its jaxpr", (TARGETS,)),
+    Use(f"{CORE}:Jaxpr", CLASS, "the meshes a step's jaxpr names", (TARGETS,)),
+    Use(f"{CORE}:Jaxpr.eqns", FIELD, "its equations", (TARGETS,)),
+    Use(f"{CORE}:JaxprEqn.params", FIELD, "an equation's shardings", (TARGETS,)),
 ]
 # fmt: on
 # Orbax's file and directory names (a value with "." or "_"), which jaxjob's strings may spell out
@@ -464,20 +465,20 @@ def test_fence_has_no_stale_rows():
 # ---- the checks themselves notice a change -------------------------------------------------
 
 _MOVED = [
-    (Use(f"{RENAME}._finalize", OVERRIDE, "x", (OP,)), "no longer exists"),
-    (Use(f"{RENAME}.finalize", OVERRIDE, "x", (OP,), params=("now",)), "now takes ()"),
-    (Use(f"{TSU}:build_array_write_spec", FUNCTION, "x", (OP,), params=("dtype", "info")),
+    (Use(f"{RENAME}._finalize", OVERRIDE, "x", (OC,)), "no longer exists"),
+    (Use(f"{RENAME}.finalize", OVERRIDE, "x", (OC,), params=("now",)), "now takes ()"),
+    (Use(f"{TSU}:build_array_write_spec", FUNCTION, "x", (OC,), params=("dtype", "info")),
      "jaxjob passes (dtype, info)"),
     (Use(f"{CLIENT}.wait_at_barrier", METHOD, "x", (HOSTS,), params=("barrier_id", "timeout_s")),
      "jaxjob passes (barrier_id, timeout_s)"),
     (Use(f"{SER}:_read_shard", REPLACED, "x", (RB,), params=("t", "new_shard_shape", "dtype",
      "requested_domain", "restricted_domain"), sha=(("0" * 16, "x"),)), "review jaxjob's copy"),
-    (Use(f"{TYPES}:TMP_DIR_SUFFIX", NAME, "x", (OP,), value=".tmp"), "not '.tmp'"),
-    (Use(f"{RENAME}._tmp_dir", ATTRIBUTE, "x", (OP,)), "no longer set on its instances"),
-    (Use(f"{STEP}:StepMetadata.commit_time", FIELD, "x", (OP,)), "no longer a field"),
-    (Use(f"{NUMPY}", CLASS, "x", (OP,)), ""),  # holds: the control
+    (Use(f"{TYPES}:TMP_DIR_SUFFIX", NAME, "x", (OC,), value=".tmp"), "not '.tmp'"),
+    (Use(f"{RENAME}._tmp_dir", ATTRIBUTE, "x", (OC,)), "no longer set on its instances"),
+    (Use(f"{STEP}:StepMetadata.commit_time", FIELD, "x", (OC,)), "no longer a field"),
+    (Use(f"{NUMPY}", CLASS, "x", (OC,)), ""),  # holds: the control
     (Use("orbax.checkpoint._src.sharding_utils:make_single_device_sharding", REPLACED, "x",
-         (OP,)), "imported by name"),  # and called: in 4 Orbax modules (0.12.8)
+         (OC,)), "imported by name"),  # and called: in 4 Orbax modules (0.12.8)
 ]  # fmt: skip
 
 
@@ -490,15 +491,15 @@ def test_fence_notices_a_change(use, expected):
 
 _SUFFIX = f"{TYPES}:TMP_DIR_SUFFIX"
 _BY_RELEASE = [
-    (Use(_SUFFIX, NAME, "x", (OP,), value=".orbax-checkpoint-tmp", before=(("0.1", "x:y"),)), ""),
-    (Use(_SUFFIX, NAME, "x", (OP,), before=(("999", f"{TYPES}:GONE"),)),
+    (Use(_SUFFIX, NAME, "x", (OC,), value=".orbax-checkpoint-tmp", before=(("0.1", "x:y"),)), ""),
+    (Use(_SUFFIX, NAME, "x", (OC,), before=(("999", f"{TYPES}:GONE"),)),
      "no longer exists (AttributeError: module 'orbax.checkpoint._src.path.atomicity_types' has no "
      f"attribute 'GONE') (in orbax-checkpoint {metadata.version('orbax-checkpoint')} (before 999), "
      f"at {TYPES}:GONE)"),
-    (Use(_SUFFIX, NAME, "x", (OP,), before=(("999", None),)),
+    (Use(_SUFFIX, NAME, "x", (OC,), before=(("999", None),)),
      f"is defined in orbax-checkpoint {metadata.version('orbax-checkpoint')} (before 999), where "
      "FENCE says it is not"),
-    (Use(f"{TYPES}:GONE", NAME, "x", (OP,), before=(("999", None),)), ""),
+    (Use(f"{TYPES}:GONE", NAME, "x", (OC,), before=(("999", None),)), ""),
 ]  # fmt: skip
 
 
@@ -518,15 +519,39 @@ def test_unfenced_uses_are_named():
                 return self._snapshot, atomicity.COMMIT_SUCCESS_FILE
         """
     )
-    problems = {_unfenced(f) for f in uses_in(source, OP, FILE_NAMES)} - {None}
+    problems = {_unfenced(f) for f in uses_in(source, OC, FILE_NAMES)} - {None}
     assert problems == {
-        f"jaxjob/{OP}:2 uses orbax.checkpoint._src.path.step (reference), which FENCE does not "
+        f"jaxjob/{OC}:2 uses orbax.checkpoint._src.path.step (reference), which FENCE does not "
         "list: add a row",
-        f"jaxjob/{OP}:4 overrides {RENAME.replace(':', '.')}.finalize with ('extra',); "
+        f"jaxjob/{OC}:4 overrides {RENAME.replace(':', '.')}.finalize with ('extra',); "
         "FENCE says ()",
-        f"jaxjob/{OP}:5 uses {RENAME.replace(':', '.')}._snapshot (instance attribute), which "
+        f"jaxjob/{OC}:5 uses {RENAME.replace(':', '.')}._snapshot (instance attribute), which "
         "FENCE does not list: add a row",
     }
     elsewhere = {_unfenced(f) for f in uses_in(source, "_src/later.py", FILE_NAMES)} - {None}
     expected = f"jaxjob/_src/later.py:5 uses {ATOM}.COMMIT_SUCCESS_FILE, but its FENCE row"
     assert f"{expected} does not name jaxjob/_src/later.py" in elsewhere, elsewhere
+
+
+# ---- each module of the fence says what it relies on ---------------------------------------
+
+ORBAX_MODULES = sorted({u for use in FENCE for u in use.users if "/internals/orbax_" in u})
+
+
+def _docstring_names(use: Use, doc: str) -> bool:
+    """Whether ``doc`` names ``use``: its last name, or the value (a file name) it stands for."""
+    last = use.dotted.rpartition(".")[2]
+    return bool(re.search(rf"(?<!\w){re.escape(last)}(?!\w)", doc)) or (
+        use.value is not None and str(use.value) in doc
+    )
+
+
+@pytest.mark.parametrize("module", ORBAX_MODULES)
+def test_each_orbax_module_names_its_private_uses_in_its_docstring(module):
+    """Each ``internals/orbax_*`` module's docstring names every private name its rows list."""
+    with open(os.path.join(package_files.JAXJOB, module), encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    missing = [
+        use.dotted for use in FENCE if module in use.users and not _docstring_names(use, doc)
+    ]
+    assert not missing, f"jaxjob/{module}'s docstring does not name {missing} (its FENCE rows)"

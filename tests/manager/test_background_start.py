@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxjob
-from jaxjob._src.manager import background_start
+from jaxjob._src.manager.save import background_start
 
 
 def _save_threads(caplog):
@@ -59,7 +59,7 @@ def test_a_step_donating_every_leaf_right_after_a_small_save_leaves_its_checkpoi
         if jax.default_backend() == "cpu":
             assert all(a.is_deleted() for a in saved.values())  # donated: nothing held them
     ckpt.close()
-    assert ckpt.failures == []
+    assert ckpt.tier("persistent").failures == []
     for epoch in range(5):
         restored = jaxjob.restore(str(tmp_path), epoch=epoch)
         assert np.all(np.asarray(restored["w"]) == epoch)
@@ -87,7 +87,7 @@ def test_a_failed_start_on_the_worker_thread_is_reported_and_keeps_what_was_comm
         ckpt.save(1, {"x": jnp.arange(3.0) + 1})  # returns: the worker thread starts it
         with pytest.raises(jaxjob.CheckpointSaveError, match=r"epoch 1.*No space left"):
             ckpt.wait_until_finished()
-        assert len(ckpt.failures) == 1
+        assert len(ckpt.tier("persistent").failures) == 1
         assert ckpt.committed_epochs() == [0]
         assert ckpt.load(0)["x"].tolist() == [0.0, 1.0, 2.0]
         for i, fd in enumerate(fillers):

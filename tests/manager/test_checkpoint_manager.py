@@ -191,7 +191,27 @@ def test_unwritable_directory_raises_a_clear_error(tmp_path):
         NotADirectoryError, match=r"db_prefix .*file/ckpt.* is not a writable directory"
     ):
         ckpt.save(0, {"x": jnp.ones(1)})
-    assert [f.epoch for f in ckpt.failures] == [0]
+    assert [f.epoch for f in ckpt.tier("persistent").failures] == [0]
+
+
+# DESIGN.md's manager methods, ``tier`` (the tiers' operations), and what the runner and users
+# read: ``node_names``, ``options`` (timeout_s, host_map, ...), ``metadata_handler``
+PUBLIC_NAMES = [
+    "blob_list", "check_db_exists", "close", "collect_checkpoint_stats", "committed_epochs",
+    "cp_accessible", "db_prefix", "get_ckpt_db_name", "get_resume_from_epoch_id", "init", "load",
+    "load_blobs_from_checkpoint", "load_blobs_locally", "metadata_handler", "node_managers",
+    "node_names", "options", "report_checkpoint_stats", "save", "set_params", "tier", "verify",
+    "wait_until_finished", "write_checkpoint_metadata",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("manager", [jaxjob.CheckpointManager, jaxjob.MultiNodeCheckpointManager])
+def test_public_names_are_the_documented_ones(manager):
+    """A manager's public names are DESIGN's and a few more (at most 24), each with a docstring;
+    per-tier operations live on ``manager.tier(name)``, not as one method per tier operation."""
+    names = sorted(n for n in dir(manager) if not n.startswith("_"))
+    assert names == PUBLIC_NAMES and len(names) <= 24
+    assert [n for n in names if not (getattr(manager, n).__doc__ or "").strip()] == []
 
 
 def test_bad_arguments():
@@ -305,11 +325,12 @@ def test_both_managers_accept_an_options_object(tmp_path, manager):
     """options=CheckpointOptions(...) configures either manager; beside it a keyword is refused."""
     options = jaxjob.CheckpointOptions(async_save=False, timeout_s=7.0)
     ckpt = manager(str(tmp_path), options=options)
-    assert ckpt.options is options and ckpt.timeout_s == 7.0
+    assert ckpt.options is options and ckpt.options.timeout_s == 7.0
     if manager is jaxjob.MultiNodeCheckpointManager:
         ckpt.init(["local"])
     ckpt.save(0, {"w": jnp.ones(2)})
-    assert not ckpt.has_pending() and ckpt.committed_epochs() == [0]  # async_save=False
+    assert not ckpt.tier("persistent").has_pending()  # async_save=False
+    assert ckpt.committed_epochs() == [0]
     ckpt.close()
     with pytest.raises(ValueError, match=r"timeout_s=5 given beside options="):
         manager(str(tmp_path), options=options, timeout_s=5)
@@ -348,7 +369,7 @@ def test_a_metadata_record_waits_for_its_commit_through_a_refused_save(tmp_path,
     assert ckpt.cp_accessible() is False
     with pytest.raises((PermissionError, jaxjob.CheckpointSaveError), match="not accessible"):
         ckpt.save(1, {"x": jnp.ones(2)})
-    assert ckpt.has_pending() and handler.written == []  # epoch 0 is still in flight
+    assert ckpt.tier("persistent").has_pending() and handler.written == []  # 0 is in flight
     ckpt.wait_until_finished()
     assert handler.written == [0] and ckpt.committed_epochs() == [0]
     ckpt.close()
@@ -368,9 +389,10 @@ def test_a_failed_write_drops_its_metadata_record(tmp_path, monkeypatch):
         raise OSError("injected: disk full")
 
     monkeypatch.setattr(ocp.AsyncCheckpointer, "wait_until_finished", failing)
-    assert ckpt._writer.finish().epoch == 0  # the failure found, as a round's prepare finds it
+    (writer,) = ckpt.tier("persistent").writers
+    assert writer.finish().epoch == 0  # the failure found, as a round's prepare finds it
     monkeypatch.setattr(ocp.AsyncCheckpointer, "wait_until_finished", real)
-    assert ckpt.finish_local() == []  # nothing in flight any more
+    assert ckpt.tier("persistent").finish() == []  # nothing in flight any more
     assert handler.written == []
     ckpt.close()
 

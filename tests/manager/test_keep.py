@@ -82,7 +82,7 @@ def test_best_ranking_survives_a_restart(tmp_path):
     """The score is stored in each manifest: a new manager after a restart still keeps the best."""
     policy = [keep.Last(1), keep.Best("score")]
     first = jaxjob.CheckpointManager(str(tmp_path), keep=policy)
-    assert first.required_outputs == ("score",)
+    assert first.tier("persistent").required_outputs == ("score",)
     jaxjob.JobRunner(build_job(5, 16, 0.0), first).train(jaxjob.Session())
     first.close()
     assert first.committed_epochs() == [4, 5]

@@ -67,9 +67,9 @@ def test_local_saves_keep_their_own_retention_and_are_listed_with_a_tier(tmp_pat
     )
     ckpt.save(0, {"w": jnp.zeros(3)})
     for epoch in (1, 2, 3):
-        ckpt.save_local(epoch, {"w": jnp.full(3, float(epoch))})
+        ckpt.tier("local").save(epoch, {"w": jnp.full(3, float(epoch))})
     ckpt.close()
-    local = ckpt.tier_manager("local")
+    local = ckpt.tier("local")
     assert local.committed_epochs() == [2, 3]  # keep=Last(2)
     assert ckpt.committed_epochs() == [0]
     np.testing.assert_array_equal(jaxjob.restore(str(tmp_path / "local"))["w"], [3.0] * 3)
@@ -90,19 +90,65 @@ def test_local_candidates_skip_another_run_and_say_why(tmp_path):
         str(tmp_path / "other"), local=jaxjob.LocalTier(str(tmp_path / "local"))
     )
     other.save(0, {"w": jnp.zeros(3)})
-    other.save_local(4, {"w": jnp.ones(3)})
+    other.tier("local").save(4, {"w": jnp.ones(3)})
     other.close()
     mine = jaxjob.CheckpointManager(
         str(tmp_path / "mine"), local=jaxjob.LocalTier(str(tmp_path / "local"))
     )
     mine.save(0, {"w": jnp.zeros(3)})
-    epochs, why = mine.local_candidates(0)
+    epochs, why = mine.tier("local").candidates(0)
     assert epochs == []
     assert len(why) == 1 and why[0].startswith("local epoch 4: saved by another run")
-    mine.save_local(1, {"w": jnp.ones(3)})  # the first local save removes the other run's copy
+    mine.tier("local").save(1, {"w": jnp.ones(3)})  # the first local save removes the other run's
     mine.close()
-    assert mine.tier_manager("local").committed_epochs() == [1]
-    assert mine.local_candidates(0)[0] == [1]
+    assert mine.tier("local").committed_epochs() == [1]
+    assert mine.tier("local").candidates(0)[0] == [1]
+
+
+def test_tier_hands_out_each_tier_and_refuses_another_name(tmp_path):
+    """manager.tier(name) is the persistent tier or the local one (None without local=)."""
+    settings = jaxjob.LocalTier(str(tmp_path / "local"), every_epochs=2)
+    ckpt = jaxjob.CheckpointManager(str(tmp_path / "ckpt"), local=settings)
+    persistent, local = ckpt.tier("persistent"), ckpt.tier("local")
+    assert (persistent.name, persistent.db_prefix) == ("persistent", ckpt.db_prefix)
+    assert (local.name, local.db_prefix, local.settings) == (
+        "local",
+        str(tmp_path / "local"),
+        settings,
+    )
+    with pytest.raises(ValueError, match=r"tier must be 'persistent' or 'local', got 'ssd'"):
+        ckpt.tier("ssd")
+    ckpt.close()
+    assert jaxjob.CheckpointManager(str(tmp_path / "one")).tier("local") is None
+
+
+def test_each_tiers_stats_reach_the_metadata_handler_tagged_with_the_tier(tmp_path):
+    """The persistent tier's stats and the local tier's (one process's, no exchange) go to the
+    manager's one metadata handler, each entry naming its tier; the local one writes no record."""
+    handler = jaxjob.DiskMetadataHandler()
+    ckpt = jaxjob.CheckpointManager(
+        str(tmp_path / "ckpt"),
+        metadata_handler=handler,
+        local=jaxjob.LocalTier(str(tmp_path / "local")),
+        async_save=False,
+    )
+    ckpt.set_params(["local"])
+    ckpt.save(0, {"w": jnp.zeros(3)})
+    ckpt.write_checkpoint_metadata(0)
+    ckpt.report_checkpoint_stats("checkpoint_save")
+    ckpt.tier("local").save(1, {"w": jnp.ones(3)})
+    ckpt.close()
+    tagged = [
+        (h["action"], os.path.basename(db), entry["tier"])
+        for h in handler.history
+        for db, entry in h["stats"].items()
+    ]
+    assert tagged == [
+        ("checkpoint_save", "local.0", "persistent"),
+        ("checkpoint_save", "local.1", "local"),
+    ]
+    records = (tmp_path / "ckpt" / "jaxjob_metadata.jsonl").read_text().splitlines()
+    assert [json.loads(r)["epoch"] for r in records] == [0]
 
 
 @pytest.mark.parametrize(

@@ -352,6 +352,25 @@ def test_second_process_fails_then_takes_over_once_the_holder_is_killed(tmp_path
     assert not _lock_file(tmp_path).exists()  # released at exit
 
 
+def test_every_process_of_a_job_refuses_a_lock_a_live_writer_holds(tmp_path):
+    """Under launch -n 2, a live writer's lock elsewhere: both processes fail naming the holder,
+    and nothing is written."""
+    _write_record(_lock_file(tmp_path), host="node-7", pid=4242, started=0.0)
+    job = subprocess.run(
+        [sys.executable, "-m", "jaxjob.cli", "launch", "-n", "2", "--", sys.executable, SCRIPT]
+        + [str(tmp_path), os.devnull, "--epochs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert job.returncode != 0, job.stderr[-3000:]
+    refused = sorted(line for line in job.stdout.splitlines() if "] IN_USE " in line)
+    assert [line.split("]")[0] for line in refused] == ["[process=0", "[process=1"], job.stdout
+    assert all("another writer (host 'node-7', pid 4242" in line for line in refused), refused
+    assert "Saving epoch" not in job.stderr
+    assert sorted(os.listdir(tmp_path)) == [".jaxjob"]  # nothing written but the lock
+
+
 @pytest.mark.slow
 def test_processes_of_one_job_share_one_lock(tmp_path):
     """Under launch -n 2, process 0 holds the job's lock and alone applies keep=Last(2)."""

@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import socket
@@ -11,9 +12,13 @@ import pytest
 from lock_racer import Racer, namespaces_work, race
 
 from jaxjob._src.base import fs
+from jaxjob._src.base.errors import CheckpointInUseError
 from jaxjob._src.manager import lock
-from jaxjob._src.manager.lock_object import RemoteRecord
-from jaxjob._src.manager.lock_record import LocalRecord, Lost, parse, pid_space
+from jaxjob._src.manager.lock.holder import parse
+from jaxjob._src.manager.lock.local_file import LocalRecord
+from jaxjob._src.manager.lock.object_store import RemoteRecord
+from jaxjob._src.manager.lock.pids import pid_space
+from jaxjob._src.manager.lock.record import Lost, Record
 
 DEAD_PID = 2**22 + 17  # above the kernel's largest pid: no process has it
 FIELDS_OF_0_1 = ("host", "pid", "pid_start", "started", "renewed", "token", "processes")
@@ -35,6 +40,19 @@ def _put(path, holder):
 
 def _read(path):
     return (RemoteRecord if fs.is_remote(path) else LocalRecord)(path).read()
+
+
+@pytest.mark.parametrize(
+    "path", ["/ckpt/.jaxjob/local.lock", "s3://b/.jaxjob/local.lock", "gs://b/x"]
+)
+def test_each_backend_keeps_the_one_record_protocol(path):
+    """The lock file and the lock object are each a Record: path, read and change alike."""
+    record = (RemoteRecord if fs.is_remote(path) else LocalRecord)(path)
+    assert isinstance(record, Record) and record.path == path
+    for method in ("read", "change"):
+        assert inspect.signature(getattr(type(record), method)) == inspect.signature(
+            getattr(Record, method)
+        )
 
 
 def test_this_process_records_its_boot_and_pid_namespace():
@@ -78,7 +96,7 @@ def test_a_fresh_foreign_namespace_record_is_not_taken_a_lapsed_one_is(tmp_path)
     """WriterLock refuses a same-host record of another PID namespace until its lease lapses."""
     path = lock.lock_path(str(tmp_path), "local")
     _put(path, _holder(pid=DEAD_PID, pidns="pid:[1]"))
-    with pytest.raises(lock.CheckpointInUseError, match=r"in another PID namespace or boot"):
+    with pytest.raises(CheckpointInUseError, match=r"in another PID namespace or boot"):
         lock.WriterLock(str(tmp_path), "local").take()
     _put(path, _holder(pid=DEAD_PID, pidns="pid:[1]", renewed=time.time() - lock.LEASE_S - 1))
     held = lock.WriterLock(str(tmp_path), "local")

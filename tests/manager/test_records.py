@@ -7,9 +7,9 @@ import pytest
 
 import jaxjob
 from jaxjob._src.base.leaves import Kind
-from jaxjob._src.manager import boundary
 from jaxjob._src.manager.records import Action, LeafCheck, ProcessStats, SavePost, Stats
-from jaxjob._src.manager.supersede import deleting_process
+from jaxjob._src.manager.save import boundary
+from jaxjob._src.manager.save.supersede import deleting_process
 
 
 def test_a_save_post_is_the_json_processes_always_exchanged():

@@ -64,15 +64,15 @@ def test_stop_condition_on_an_output_is_saved_with_the_checkpoint(tmp_path):
 def _inject_background_failure(monkeypatch, fail_on_wait, message):
     """Fault injection: jaxjob's n-th wait on a background write reports a failure.
 
-    Only waits made by jaxjob._src.manager.writer count (Orbax also waits inside
-    save()).
+    Only waits made by jaxjob's I/O handle (jaxjob._src.checkpoint.io) count (Orbax also
+    waits inside save()).
     """
     real = ocp.AsyncCheckpointer.wait_until_finished
     calls = []
 
     def wait(self):
         real(self)
-        if sys._getframe(1).f_globals.get("__name__") == "jaxjob._src.manager.writer":
+        if sys._getframe(1).f_globals.get("__name__") == "jaxjob._src.checkpoint.io":
             calls.append(1)
             if len(calls) == fail_on_wait:
                 raise OSError(message)
@@ -128,7 +128,7 @@ def test_async_failure_raises_under_raise_policy(tmp_path, monkeypatch):
         CheckpointSaveError, match="saving checkpoint epoch 0 .* injected: disk full"
     ):
         runner.train(jaxjob.Session())
-    assert not ckpt.has_pending()  # the save in flight was completed before train returned
+    assert not ckpt.tier("persistent").has_pending()  # completed before train returned
     assert 1 in ckpt.committed_epochs()  # epoch 1 was in flight when train raised
 
 

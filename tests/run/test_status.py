@@ -11,7 +11,7 @@ import pytest
 
 import jaxjob
 from jaxjob._src.base import status
-from jaxjob._src.manager import retention
+from jaxjob._src.manager.retention import notice
 
 # A 3-epoch job that configures no logging (Python's default shows WARNING and above only),
 # or, with "configured", one that logs at INFO through the root logger's handler.
@@ -76,7 +76,7 @@ def test_with_logging_configured_each_line_shows_once_through_its_handlers(tmp_p
 
 def test_keep_all_says_once_that_it_has_written_past_the_notice_size(tmp_path, monkeypatch, caplog):
     """keep=None: one status line once the run's saves passed the size worth mentioning."""
-    monkeypatch.setattr(retention, "KEEP_ALL_NOTICE_BYTES", 3 * 4096)
+    monkeypatch.setattr(notice, "KEEP_ALL_NOTICE_BYTES", 3 * 4096)
     caplog.set_level(logging.INFO, logger=status.STATUS)
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     for epoch in range(6):
@@ -90,7 +90,7 @@ def test_keep_all_says_once_that_it_has_written_past_the_notice_size(tmp_path, m
 @pytest.mark.parametrize("keep", [jaxjob.keep.Last(2)])
 def test_a_bounded_retention_says_nothing(tmp_path, monkeypatch, caplog, keep):
     """With a keep= policy the size is bounded: no line."""
-    monkeypatch.setattr(retention, "KEEP_ALL_NOTICE_BYTES", 4096)
+    monkeypatch.setattr(notice, "KEEP_ALL_NOTICE_BYTES", 4096)
     caplog.set_level(logging.INFO, logger=status.STATUS)
     ckpt = jaxjob.CheckpointManager(str(tmp_path), keep=keep)
     for epoch in range(3):

@@ -14,7 +14,7 @@ import pytest
 from etils import epath
 from orbax.checkpoint._src.serialization import tensorstore_utils
 
-from jaxjob._src.internals import orbax_private
+from jaxjob._src.internals import orbax_commit
 
 SAVE = """
 import jax.numpy as jnp, numpy as np, jaxjob
@@ -152,7 +152,7 @@ def test_tensorstore_skips_its_own_fsyncs_only_where_the_commit_flushes_everythi
         spec = tensorstore_utils.build_kvstore_tspec(str(directory), use_ocdbt=True)
         return '"file_io_sync": false' in json.dumps(spec)
 
-    temporary = orbax_private.DurableRename.from_final(epath.Path(tmp_path / "local.0"))
+    temporary = orbax_commit.DurableRename.from_final(epath.Path(tmp_path / "local.0"))
     assert not skips_fsync(temporary.get() / "state")
     asyncio.run(temporary.create())
     assert skips_fsync(temporary.get() / "state")

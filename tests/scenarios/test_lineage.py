@@ -189,7 +189,7 @@ def test_each_life_records_itself_and_the_epoch_it_resumed_from(tmp_path):
     assert (first.resumed_from, second.resumed_from) == (None, 3)
     assert read(prefix, 3).life == first.life != second.life == read(local, 5).life
     assert read(local, 5).resumed_from == 3 and sorted(os.listdir(local)) == ["local.4", "local.5"]
-    found = ckpt.local_lineage([4, 5])
+    found = ckpt.tier("local").lineage([4, 5])
     assert [found[e]["life"] for e in (4, 5)] == [second.life] * 2
     assert "['x'] of node 'local'" in found[5]["whole"]  # one device: every array is whole
     assert found[4]["whole"] != found[5]["whole"]  # x counts the epochs

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import MutableMapping
 from typing import Any
 
-from jaxjob._src.internals import jax_private
+from jaxjob._src.base import jax_private
 
 __all__ = ["get_logger", "public_logger_name", "warn"]
 
@@ -42,7 +42,7 @@ _LAYER_LOGGERS = {
     "run": "jaxjob.runner",
     "testing": "jaxjob.testing",
 }
-# ... and of the modules that serve another public name than their layer's
+# ... and of the modules (or packages: all their modules) that serve another public name
 _MODULE_LOGGERS = {
     "base.preemption": "jaxjob.runner",
     "checkpoint.restore": "jaxjob.restore",
@@ -78,12 +78,16 @@ def public_logger_name(module: str) -> str:
     Example:
         >>> public_logger_name("jaxjob._src.run.resume"), public_logger_name("jaxjob.example")
         ('jaxjob.runner', 'jaxjob.example')
+        >>> public_logger_name("jaxjob._src.manager.lock.writer_lock")  # a package's module
+        'jaxjob.manager.lock'
     """
     if not module.startswith(_PRIVATE):
         return module
-    path = module[len(_PRIVATE) :]
-    layer = path.split(".")[0]
-    return _MODULE_LOGGERS.get(path, _LAYER_LOGGERS.get(layer, "jaxjob"))
+    parts = module[len(_PRIVATE) :].split(".")
+    for end in range(len(parts), 1, -1):  # the module, then each package holding it
+        if (name := _MODULE_LOGGERS.get(".".join(parts[:end]))) is not None:
+            return name
+    return _LAYER_LOGGERS.get(parts[0], "jaxjob")
 
 
 def get_logger(name: str) -> logging.LoggerAdapter:

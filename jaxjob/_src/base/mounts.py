@@ -1,7 +1,7 @@
 """Where a local path lies: its file system (the mount table), and its real location.
 
 A checkpoint on a RAM disk (``tmpfs``, ``ramfs``) is read through a memory
-map (:mod:`jaxjob._src.internals.orbax_private`): its pages are already in
+map (:mod:`jaxjob._src.internals.orbax_kvstore`): its pages are already in
 memory, and a read through a map can fail with no I/O error there.
 
 Two paths name the same directory through a symbolic link (resolved) or a

@@ -13,11 +13,15 @@ no crafted dtype name reaches NumPy's parser or reinterprets stored bytes.
 * Python scalars: ``"bool"``, ``"int"`` or ``"float"``.
 * PRNG keys: an implementation of :data:`PRNG_IMPLS` and the dtype of its
   keys (``"key<fry>"`` for ``threefry2x32``).
+
+A host-local leaf is stored as the bytes of :func:`dtype_of` its dtype name
+(Python's ``int`` as ``int64``), :func:`nbytes` of them per copy.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -27,7 +31,16 @@ import tensorstore as ts
 
 from jaxjob._src.base.leaves import Kind
 
-__all__ = ["NUMERIC", "PRNG_IMPLS", "PYTHON", "check", "key_dtype", "orbax_stores"]
+__all__ = [
+    "NUMERIC",
+    "PRNG_IMPLS",
+    "PYTHON",
+    "check",
+    "dtype_of",
+    "key_dtype",
+    "nbytes",
+    "orbax_stores",
+]
 
 _NAMES = [
     *("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"),
@@ -133,3 +146,23 @@ def check(kind: Kind, dtype: Any, impl: Any = None) -> None:
     problem = _problem(kind, dtype, impl)
     if problem is not None:
         raise ValueError(f"{problem} (allowed: {_allowed(kind)})")
+
+
+def dtype_of(dtype: str) -> np.dtype:
+    """The NumPy dtype a host-local leaf of dtype name ``dtype`` is stored as.
+
+    Example:
+        >>> dtype_of("int"), dtype_of("float16")
+        (dtype('int64'), dtype('float16'))
+    """
+    return np.dtype({"bool": np.bool_, "int": np.int64, "float": np.float64}.get(dtype, dtype))
+
+
+def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """The bytes of one copy of a host-local leaf of dtype name ``dtype`` and ``shape``.
+
+    Example:
+        >>> nbytes("float32", (2, 3)), nbytes("int", ())
+        (24, 8)
+    """
+    return math.prod(shape) * dtype_of(dtype).itemsize

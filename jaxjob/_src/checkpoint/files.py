@@ -1,7 +1,7 @@
 """A committed checkpoint's files against its file table (``jaxjob/files.json``).
 
 The committing process writes the table last, just before the commit marker
-(:mod:`jaxjob._src.base.file_table`, :mod:`jaxjob._src.internals.orbax_private`):
+(:mod:`jaxjob._src.base.file_table`, :mod:`jaxjob._src.internals.orbax_commit`):
 every file's size and CRC-32C. Every read of a checkpoint starts here, before
 Orbax opens any of its files: a deleted, truncated, swapped or damaged
 metadata file (``_CHECKPOINT_METADATA``, ``_METADATA``, ``_sharding``,

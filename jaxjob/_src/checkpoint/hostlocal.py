@@ -10,9 +10,8 @@ and dtype are in the checkpoint manifest.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -20,19 +19,16 @@ import numpy as np
 from jaxjob._src.base import errors
 from jaxjob._src.base.checks import is_int
 from jaxjob._src.base.leaves import Kind
-
-if TYPE_CHECKING:
-    from jaxjob._src.checkpoint.codec import LeafSpec
+from jaxjob._src.checkpoint.dtypes import dtype_of, nbytes
+from jaxjob._src.checkpoint.leaf_spec import LeafSpec
 
 __all__ = [
     "HostMap",
     "ProcessCountError",
     "as_saved",
     "decode",
-    "dtype_of",
     "encode",
     "is_host_copy",
-    "nbytes",
     "replicate",
     "row_for_this_process",
     "target",
@@ -77,28 +73,8 @@ def replicate(leaf: jax.Array) -> tuple[jax.Array, str]:
     return value, digest
 
 
-def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    """The bytes of one copy of a host-local leaf of dtype name ``dtype`` and ``shape``.
-
-    Example:
-        >>> nbytes("float32", (2, 3)), nbytes("int", ())
-        (24, 8)
-    """
-    return math.prod(shape) * dtype_of(dtype).itemsize
-
-
 def _row_width(spec: LeafSpec) -> int:
     return max(1, nbytes(spec.dtype, spec.shape))
-
-
-def dtype_of(dtype: str) -> np.dtype:
-    """The NumPy dtype a host-local leaf of dtype name ``dtype`` is stored as.
-
-    Example:
-        >>> dtype_of("int"), dtype_of("float16")
-        (dtype('int64'), dtype('float16'))
-    """
-    return np.dtype({"bool": np.bool_, "int": np.int64, "float": np.float64}.get(dtype, dtype))
 
 
 def encode(leaf: Any, spec: LeafSpec) -> jax.Array:

@@ -12,7 +12,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from jaxjob._src.base.leaves import Kind
 from jaxjob._src.checkpoint import checksum, hostlocal, manifest
@@ -38,14 +37,9 @@ READ_ERRORS = (Exception,)
 
 
 def read_leaf(reader: Any, path: str, item: str, spec: Any, found: Any) -> np.ndarray:
-    """Reads one stored leaf, whole, as Orbax stores it, on this process alone."""
+    """Reads one stored leaf, whole, as Orbax stores it, through ``reader`` (a ``CheckpointIO``)."""
     tree = {spec.name: _stored_target(spec, found)}
-    args = ocp.args.PyTreeRestore(
-        item=tree,
-        restore_args=ocp.checkpoint_utils.construct_restore_args(tree),
-        partial_restore=True,
-    )
-    return reader.restore(path, args=ocp.args.Composite(**{item: args}))[item][spec.name]
+    return reader.restore(path, item, tree)[spec.name]
 
 
 def check_leaf(

@@ -6,7 +6,7 @@ version, the epoch and node, how many processes saved it, its lineage (the
 run that saved it, :mod:`~jaxjob._src.checkpoint.run_identity`; the life of
 the job that saved it and the epoch that life resumed from), the tree structure of each
 persistent name (``state``) and of each saved stop-condition output
-(``outputs``), one :class:`~jaxjob._src.checkpoint.codec.LeafSpec` per stored
+(``outputs``), one :class:`~jaxjob._src.checkpoint.leaf_spec.LeafSpec` per stored
 leaf, the checksum files, and its own checksum. It is read once per load and
 passed down; nothing in it is executed.
 
@@ -29,8 +29,10 @@ import jax
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.checks import is_int
-from jaxjob._src.checkpoint import checksum, codec, keypaths, schema, stored_names
+from jaxjob._src.checkpoint import checksum, keypaths, schema, stored_names
 from jaxjob._src.checkpoint.layout import get_ckpt_filename, parse_name
+from jaxjob._src.checkpoint.leaf_spec import LeafSpec
+from jaxjob._src.checkpoint.tree import flatten
 
 __all__ = [
     "FORMAT",
@@ -65,7 +67,7 @@ class Manifest:
             (:mod:`~jaxjob._src.checkpoint.run_identity`).
         state: Persistent name -> JSON tree structure.
         outputs: Saved stop-condition output name -> JSON tree structure.
-        leaves: Stored name -> :class:`~jaxjob._src.checkpoint.codec.LeafSpec`.
+        leaves: Stored name -> :class:`~jaxjob._src.checkpoint.leaf_spec.LeafSpec`.
         checksums: The checksum algorithm and the files holding each
             process's checksums (:mod:`jaxjob._src.checkpoint.checksum`).
         metrics: Scalars that retention ranks by (:class:`jaxjob.keep.Best`),
@@ -95,7 +97,7 @@ class Manifest:
     run: str
     state: dict[str, Any]
     outputs: dict[str, Any]
-    leaves: dict[str, codec.LeafSpec]
+    leaves: dict[str, LeafSpec]
     checksums: dict[str, Any]
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     devices: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -117,7 +119,7 @@ class Manifest:
         """The names and structures of ``item`` (``"state"`` or ``"outputs"``)."""
         return self.state if item == STATE else self.outputs
 
-    def specs(self, item: str, name: str) -> list[codec.LeafSpec]:
+    def specs(self, item: str, name: str) -> list[LeafSpec]:
         """The leaves of ``name`` in ``item``, in order."""
         structure = self.structure(item)[name]
         return [self.leaves[n] for _, n in keypaths.leaf_names(structure)]
@@ -169,7 +171,7 @@ class Manifest:
             run=doc["run"],
             state=doc[STATE],
             outputs=doc[OUTPUTS],
-            leaves={e["name"]: codec.LeafSpec.from_json(e) for e in doc["leaves"]},
+            leaves={e["name"]: LeafSpec.from_json(e) for e in doc["leaves"]},
             checksums=doc["checksums"],
             metrics={name: float(value) for name, value in doc["metrics"].items()},
             devices=doc["devices"],
@@ -258,15 +260,15 @@ def build(
     """
     namer = stored_names.Namer()
     structures: dict[str, dict[str, Any]] = {STATE: {}, OUTPUTS: {}}
-    leaves: dict[str, codec.LeafSpec] = {}
+    leaves: dict[str, LeafSpec] = {}
     flat: dict[str, dict[str, Any]] = {STATE: {}, OUTPUTS: {}}
     for item, tree in ((STATE, state), (OUTPUTS, outputs)):
         for name, value in tree.items():
             check_name(name)
-            structure, found = codec.flatten(value, f"[{name!r}]", namer, tuple(name.split("/")))
+            structure, found = flatten(value, f"[{name!r}]", namer, tuple(name.split("/")))
             structures[item][name] = structure
             for stored, leaf, path in found:
-                leaves[stored] = codec.LeafSpec.of(leaf, stored, path)
+                leaves[stored] = LeafSpec.of(leaf, stored, path)
                 flat[item][stored] = leaf
     writers = range(jax.process_count()) if owner_process is None else [owner_process]
     kinds = {

@@ -13,6 +13,7 @@ from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import files, keypaths, manifest, run_identity, storage
 from jaxjob._src.checkpoint import targets as targets_lib
 from jaxjob._src.checkpoint.hostlocal import HostMap
+from jaxjob._src.checkpoint.io import CheckpointIO
 from jaxjob._src.checkpoint.layout import (
     check_epoch,
     committed_epochs,
@@ -21,7 +22,6 @@ from jaxjob._src.checkpoint.layout import (
     parse_name,
 )
 from jaxjob._src.core.workspace import Workspace, check_names
-from jaxjob._src.internals import orbax_private
 
 __all__ = ["checkpoint_dirs", "restore"]
 
@@ -285,12 +285,9 @@ def _check_sharding_keys(
 def _restore_one(path, found, chosen, target, sharding, host_map) -> dict[str, Any]:
     if not chosen:
         return {}
-    private = found.owner_process is not None
-    handler = storage.composite_handler(path, private)
-    checkpointer = orbax_private.checkpointer(path, handler, private=private)
-    try:
+    with CheckpointIO(path, storage.stored_codec(found)) as reader:
         return storage.restore_selected(
-            checkpointer,
+            reader,
             path,
             found,
             chosen,
@@ -299,5 +296,3 @@ def _restore_one(path, found, chosen, target, sharding, host_map) -> dict[str, A
             host_map=host_map,
             filtered_states=True,
         )
-    finally:
-        checkpointer.close()

@@ -23,7 +23,7 @@ from typing import Any
 
 from jaxjob._src.base.checks import is_int, is_number
 from jaxjob._src.base.leaves import HOST_LOCAL, Kind
-from jaxjob._src.checkpoint import checksum, dtypes, hostlocal, stored_names
+from jaxjob._src.checkpoint import checksum, dtypes, stored_names
 from jaxjob._src.checkpoint.layout import check_node_name
 
 __all__ = [
@@ -134,7 +134,7 @@ def _check_size(kind: Kind, dtype: str, shape: tuple[int, ...], nbytes: Any) -> 
         _require(nbytes is None, "nbytes", nbytes, f"null for a {kind} leaf")
         return
     _require(kind == Kind.NUMPY or not shape, "shape", shape, f"[] for a {kind} leaf")
-    size = hostlocal.nbytes(dtype, shape)
+    size = dtypes.nbytes(dtype, shape)
     _require(size <= MAX_BYTES, "shape", shape, f"at most {MAX_BYTES} bytes")
     expected = f"{size}, the bytes of {dtype} of shape {shape}"
     _require(is_int(nbytes) and nbytes == size, "nbytes", nbytes, expected)

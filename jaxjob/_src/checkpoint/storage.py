@@ -1,4 +1,4 @@
-"""Writing and reading one checkpoint directory through Orbax.
+"""One checkpoint directory's leaves as stored: encoded for a save, restored and checked.
 
 A checkpoint directory ``<db_prefix>/<node>.<epoch>/`` is one Orbax
 ``CompositeCheckpointHandler`` checkpoint with these items:
@@ -8,61 +8,43 @@ A checkpoint directory ``<db_prefix>/<node>.<epoch>/`` is one Orbax
 * ``outputs`` (optional): the epoch outputs that the job's stop conditions
   read, so that auto-resume can re-evaluate them;
 * ``jaxjob``: the manifest (:mod:`jaxjob._src.checkpoint.manifest`): tree structures and one
-  :class:`~jaxjob._src.checkpoint.codec.LeafSpec` per leaf.
+  :class:`~jaxjob._src.checkpoint.leaf_spec.LeafSpec` per leaf.
 
 How leaves are stored is the codec's business (:mod:`jaxjob._src.checkpoint.codec`): a
 shared checkpoint (every process writes its part) or a private one (one
 process writes it alone). Orbax commits the directory when every process
-has written its part (:mod:`jaxjob._src.internals.orbax_private`: a durable rename on local
-disk, a commit file on object stores). Nothing is unpickled or executed
-when reading.
+has written its part (:mod:`jaxjob._src.internals.orbax_commit`: a durable rename on local
+disk, a commit file on object stores). Orbax is reached through one handle,
+:class:`~jaxjob._src.checkpoint.io.CheckpointIO`, which this module gives the
+leaves as stored. Nothing is unpickled or executed when reading.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
-from jaxjob._src.base import faults, fs
+from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.base.leaves import Kind
-from jaxjob._src.checkpoint import checksum, codec, hostlocal, keypaths, leaf_check, settled
+from jaxjob._src.checkpoint import checksum, codec, hostlocal, keypaths, leaf_check
 from jaxjob._src.checkpoint import targets as targets_lib
+from jaxjob._src.checkpoint.io import CheckpointIO
+from jaxjob._src.checkpoint.leaf_spec import LeafSpec
 from jaxjob._src.checkpoint.manifest import (
-    MANIFEST_FILE,
-    MANIFEST_ITEM,
     OUTPUTS,
     STATE,
     Manifest,
     same_devices,
 )
-from jaxjob._src.internals import orbax_files, orbax_private
+from jaxjob._src.checkpoint.tree import unflatten
+from jaxjob._src.internals import orbax_files
 
-__all__ = [
-    "OUTPUTS",
-    "STATE",
-    "composite_handler",
-    "copied",
-    "encode",
-    "nbytes",
-    "pass_copy_point",
-    "save_args",
-    "start_bounded",
-    "wait_bounded",
-]
-
-# No zstd: weights barely compress (random float32 not at all, trained bf16/f32 by a few
-# percent), while compressing costs a CPU pass on save and on restore (benchmarks/README.md:
-# a 1 GiB save to commit about 2x faster). Checkpoints saved compressed still restore.
-PYTREE_OPTIONS: dict[str, Any] = {"use_compression": False}
+__all__ = ["OUTPUTS", "STATE", "codec_for", "encode", "nbytes", "stored_codec"]
 
 
 def codec_for(private: bool, tier: str = "persistent") -> codec.Codec:
@@ -76,108 +58,9 @@ def codec_for(private: bool, tier: str = "persistent") -> codec.Codec:
     return codec.PrivateCodec() if private else codec.SharedCodec()
 
 
-_COPIED = contextvars.ContextVar("jaxjob_save_copied", default=False)
-
-
-def pass_copy_point(local: bool) -> None:
-    """Passes the fail point of a save's copy as it starts (a local-tier copy's, or not)."""
-    if local:
-        faults.point("local.save.copy")
-    else:
-        faults.point("save.copy")
-
-
-@contextlib.contextmanager
-def copied() -> Iterator[None]:
-    """Within it, saves do not pass the copy's fail point: their caller passed it.
-
-    A small save started on a worker thread is copied by the training
-    thread, which passes :func:`pass_copy_point` there.
-    """
-    token = _COPIED.set(True)
-    try:
-        yield
-    finally:
-        _COPIED.reset(token)
-
-
-class _Handler(ocp.CompositeCheckpointHandler):
-    """Orbax's composite handler with the save's fail points.
-
-    ``save.copy`` as the device-to-host copy starts (``local.save.copy`` in a
-    local-tier copy, and so on; not within :func:`copied`); Orbax's background thread
-    waits on the returned futures in order, so the first one passes
-    ``save.write`` as it starts waiting for the write, the last one
-    ``save.commit`` once every write is done and before the commit. The
-    writes are waited for together (:class:`~jaxjob._src.checkpoint.settled.Settled`):
-    a failure surfaces once no write of that save runs any more.
-    """
-
-    local = False  # a local-tier copy's: its fail points are local.save.*
-    shared = False  # a shared save of a multi-process job: a failed write ends its barrier
-
-    async def async_save(self, directory: Any, args: Any) -> list[Any]:
-        if not _COPIED.get():
-            pass_copy_point(self.local)
-        futures = await super().async_save(directory, args) or []
-        if self.local:
-            write, commit = (
-                settled.FailPoint("local.save.write"),
-                settled.FailPoint("local.save.commit"),
-            )
-        else:
-            write, commit = settled.FailPoint("save.write"), settled.FailPoint("save.commit")
-        failed = settled.post_failure(directory) if self.shared else None
-        return [settled.Settled([write, *futures], on_failure=failed), commit]
-
-
-@ocp.args.register_with_handler(_Handler, for_save=True, for_restore=True)
-class _HandlerArgs(ocp.args.Composite):
-    """Registers :class:`_Handler` with Orbax (it takes ``ocp.args.Composite`` like its base)."""
-
-
-def composite_handler(path: str, private: bool) -> ocp.CompositeCheckpointHandler:
-    """The Orbax handler of checkpoint directories under ``path``, each item's handler registered.
-
-    With ``private`` (in a multi-process job) this process alone writes or reads it.
-    """
-    atomicity = orbax_private.commit_file_options(path)
-    if not (private and jax.process_count() > 1):
-        shared = _Handler(
-            composite_options=ocp.CompositeOptions(
-                atomicity_options=atomicity, async_options=orbax_private.directory_options()
-            ),
-            **{
-                STATE: ocp.PyTreeCheckpointHandler(**PYTREE_OPTIONS),
-                OUTPUTS: ocp.PyTreeCheckpointHandler(**PYTREE_OPTIONS),
-                MANIFEST_ITEM: orbax_private.ManifestHandler(MANIFEST_FILE),
-            },
-        )
-        shared.shared = jax.process_count() > 1
-        return shared
-    options, registry = orbax_private.private_options(), orbax_private.private_registry()
-
-    def pytree() -> ocp.PyTreeCheckpointHandler:
-        return ocp.PyTreeCheckpointHandler(
-            **PYTREE_OPTIONS | {"use_ocdbt": False},
-            multiprocessing_options=options,
-            type_handler_registry=registry,
-        )
-
-    return _Handler(
-        composite_options=ocp.CompositeOptions(
-            multiprocessing_options=options,
-            atomicity_options=atomicity,
-            async_options=orbax_private.directory_options(),  # not in the background
-        ),
-        **{
-            STATE: pytree(),
-            OUTPUTS: pytree(),
-            MANIFEST_ITEM: orbax_private.ManifestHandler(
-                MANIFEST_FILE, multiprocessing_options=options
-            ),
-        },
-    )
+def stored_codec(manifest: Manifest) -> codec.Codec:
+    """The codec the checkpoint of ``manifest`` was saved with (its owner and tier say)."""
+    return codec_for(manifest.owner_process is not None, manifest.tier)
 
 
 def nbytes(tree: Any) -> int:
@@ -195,16 +78,15 @@ def nbytes(tree: Any) -> int:
 
 
 def encode(
-    manifest: Manifest, flat: Mapping[str, Mapping[str, Any]], private: bool
+    manifest: Manifest, flat: Mapping[str, Mapping[str, Any]], store: codec.Codec
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Each item's leaves as Orbax stores them, and digests every process must agree on.
 
     Host-local leaves become their per-process rows. In a multi-process job,
     a ``jax.Array`` that lives on this process only becomes a replicated
     global array; its digest (by key path) lets the processes check that they
-    hold the same value.
+    hold the same value. ``store`` is the writer's codec (:func:`codec_for`).
     """
-    store = codec_for(private, manifest.tier)
     digests: dict[str, str] = {}
     encoded: dict[str, dict[str, Any]] = {}
     for item, leaves in flat.items():
@@ -217,62 +99,7 @@ def encode(
     return encoded, digests
 
 
-def save_args(encoded: Mapping[str, Mapping[str, Any]], manifest: Manifest) -> ocp.args.Composite:
-    """Orbax arguments that save one checkpoint directory (trees from :func:`encode`).
-
-    Starts checksumming the host copies of this process's shards in the
-    background; Orbax writes them beside the manifest before the commit.
-    """
-    sums = checksum.start(encoded, first_replica=manifest.tier == "local")
-    doc = checksum.PendingManifest(manifest.to_json(), sums, manifest.epoch)
-    items: dict[str, Any] = {MANIFEST_ITEM: orbax_private.ManifestSave(doc)}
-    for item in (STATE, OUTPUTS):
-        if encoded.get(item):  # Orbax refuses an empty tree
-            items[item] = ocp.args.PyTreeSave(dict(encoded[item]))
-    return ocp.args.Composite(**items)
-
-
-def start_bounded(
-    saver: ocp.Checkpointer, path: str, args: ocp.args.Composite, nbytes: int | None
-) -> float | None:
-    """``saver.save(path, args=args)``, within the object store's bound; the write's deadline.
-
-    On an object store Orbax's synchronous part of the save (its directory
-    calls through etils and fsspec, the device-to-host copy, and with a
-    synchronous saver the whole write) fails with
-    :class:`~jaxjob._src.base.fs.StorageTimeoutError` naming the endpoint after
-    :func:`jaxjob._src.base.fs.transfer_bound_s` of ``nbytes``.
-
-    Returns:
-        On an object store, the ``time.perf_counter()`` by which the
-        background write must have committed (see :func:`wait_bounded`);
-        None on local disk.
-    """
-    if not fs.is_remote(path):
-        saver.save(path, args=args)
-        return None
-    started = time.perf_counter()
-    bound = fs.transfer_bound_s(path, nbytes or 0)
-    fs.bounded(path, "the save", lambda: saver.save(path, args=args), timeout_s=bound)
-    return started + bound
-
-
-def wait_bounded(saver: ocp.AsyncCheckpointer, path: str, deadline: float | None) -> None:
-    """Waits for ``saver`` 's background write of ``path``; on an object store until ``deadline``.
-
-    Raises:
-        StorageTimeoutError: Naming the endpoint, if the write has not
-            committed by ``deadline`` (at least 1 s from now, for a write
-            that is done but whose thread has yet to report it).
-    """
-    if deadline is None:
-        saver.wait_until_finished()
-        return
-    left = max(1.0, deadline - time.perf_counter())
-    fs.bounded(path, "the write", saver.wait_until_finished, timeout_s=left)
-
-
-def _rows(manifest: Manifest, specs: Iterable[codec.LeafSpec], host_map: hostlocal.HostMap | None):
+def _rows(manifest: Manifest, specs: Iterable[LeafSpec], host_map: hostlocal.HostMap | None):
     if manifest.owner_process is not None:
         return codec.Rows(0)
     local = [spec.path for spec in specs if spec.host_local]
@@ -283,7 +110,7 @@ def _rows(manifest: Manifest, specs: Iterable[codec.LeafSpec], host_map: hostloc
 
 
 def restore_selected(
-    checkpointer: ocp.Checkpointer,
+    reader: CheckpointIO,
     path: str,
     manifest: Manifest,
     chosen: Mapping[str, keypaths.Selection],
@@ -316,7 +143,7 @@ def restore_selected(
             checkpoint (naming the key path), or host-local leaves were saved
             by another number of processes and ``host_map`` is None.
     """
-    store = codec_for(manifest.owner_process is not None, manifest.tier)
+    store = stored_codec(manifest)
     where = f"the checkpoint of epoch {manifest.epoch} at {path!r}"
     _check_shards_here(path, manifest)
     targets = targets or {}
@@ -340,7 +167,7 @@ def restore_selected(
     restored = fs.bounded(
         path,
         "the read",
-        lambda: _read(checkpointer, path, manifest, item, restore_item),
+        lambda: _read(reader, path, manifest, item, restore_item),
         timeout_s=fs.transfer_bound_s(path, volume) if fs.is_remote(path) else None,
     )
     _check(path, manifest, item, all_specs, restored)
@@ -348,21 +175,14 @@ def restore_selected(
     return {key: p.build(leaves) for key, p in plans.items()}
 
 
-def _read(checkpointer, path: str, manifest: Manifest, item: str, restore_item: dict[str, Any]):
+def _read(reader: CheckpointIO, path: str, manifest: Manifest, item: str, restore_item: dict):
     """Orbax's restore of ``restore_item``; bytes that do not decode raise CorruptCheckpointError.
 
     On a read error each requested leaf is read again alone, on this process,
     to name the damaged ones; an error that no leaf reproduces is re-raised.
     """
-    if not restore_item:
-        return {}
-    args = ocp.args.PyTreeRestore(
-        item=restore_item,
-        restore_args=ocp.checkpoint_utils.construct_restore_args(restore_item),
-        partial_restore=True,
-    )
     try:
-        return checkpointer.restore(path, args=ocp.args.Composite(**{item: args}))[item]
+        return reader.restore(path, item, restore_item)
     except leaf_check.READ_ERRORS as err:
         if isinstance(err, ValueError) and "stored shape" in str(err):  # Orbax's words
             raise CorruptCheckpointError(
@@ -377,16 +197,13 @@ def _read(checkpointer, path: str, manifest: Manifest, item: str, restore_item: 
 
 def _damaged(path: str, manifest: Manifest, item: str, names: Iterable[str]) -> list[str]:
     """Reads each named leaf alone (this process only) and returns a line per damaged one."""
-    reader = orbax_private.checkpointer(path, composite_handler(path, True), private=True)
-    try:
+    with CheckpointIO.alone(path) as reader:
         records = checksum.read_records(path, manifest)
         lines: list[str] = []
         for name in names:
             spec = manifest.leaves[name]
             lines += leaf_check.check_leaf(reader, path, item, spec, manifest, records)
         return lines
-    finally:
-        reader.close()
 
 
 def _shards_only(manifest: Manifest) -> bool:
@@ -439,7 +256,7 @@ def _check(path: str, manifest: Manifest, item: str, specs, restored: Mapping[st
 def saved_shapes(manifest: Manifest) -> dict[str, Any]:
     """Shapes and dtypes of every saved state leaf (``jax.ShapeDtypeStruct`` s), reading no data."""
     abstract = {spec.name: spec.abstract() for spec in manifest.leaves.values()}
-    return {name: codec.unflatten(s, abstract) for name, s in manifest.state.items()}
+    return {name: unflatten(s, abstract) for name, s in manifest.state.items()}
 
 
 def saved_targets(path: str, manifest: Manifest) -> dict[tuple[str, ...], Any] | None:
@@ -475,7 +292,7 @@ def saved_targets(path: str, manifest: Manifest) -> dict[tuple[str, ...], Any] |
     return found
 
 
-def _leaf_sharding(saved: Any, spec: codec.LeafSpec) -> Any:
+def _leaf_sharding(saved: Any, spec: LeafSpec) -> Any:
     """The sharding of the leaf ``spec``: its recorded local device, or Orbax's record.
 
     None if unknown: e.g. a process-local array on several devices, which a

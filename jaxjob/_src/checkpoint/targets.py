@@ -27,8 +27,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxjob._src.checkpoint import codec, keypaths
-from jaxjob._src.internals import jax_private
+from jaxjob._src.base import jax_private
+from jaxjob._src.checkpoint import keypaths
+from jaxjob._src.checkpoint.leaf_spec import LeafSpec
+from jaxjob._src.checkpoint.tree import is_nnx_variable, unflatten
 
 __all__ = ["Plan", "ShardingRule", "check_sharding_paths", "plan"]
 
@@ -151,7 +153,7 @@ class Plan:
 
 def plan(
     selection: keypaths.Selection,
-    specs: Mapping[str, codec.LeafSpec],
+    specs: Mapping[str, LeafSpec],
     rule: ShardingRule,
     *,
     target: Any = None,
@@ -176,12 +178,10 @@ def plan(
         name: _abstract(specs[name].abstract(), rule.get(segs), specs[name])
         for segs, name in stored
     }
-    return Plan(abstracts, lambda leaves: codec.unflatten(selection.structure, leaves))
+    return Plan(abstracts, lambda leaves: unflatten(selection.structure, leaves))
 
 
-def _abstract(
-    leaf: Any, sharding: jax.sharding.Sharding, spec: codec.LeafSpec
-) -> jax.ShapeDtypeStruct:
+def _abstract(leaf: Any, sharding: jax.sharding.Sharding, spec: LeafSpec) -> jax.ShapeDtypeStruct:
     try:
         if sharding is not None:
             jax_private.check_sharding(sharding, np.shape(leaf))  # as JAX 0.8.2+ does below
@@ -221,8 +221,8 @@ def _filtered(selection: keypaths.Selection, target: Any) -> list[tuple[tuple[st
     found = []
     for path, node in states:
         if _is_nnx_state(node):
-            held = jax.tree_util.tree_leaves(node, is_leaf=codec.is_nnx_variable)
-            kinds = {type(v).__name__ for v in held if codec.is_nnx_variable(v)}
+            held = jax.tree_util.tree_leaves(node, is_leaf=is_nnx_variable)
+            kinds = {type(v).__name__ for v in held if is_nnx_variable(v)}
             found.append(((*selection.segments, *keypaths.entry_segments(path)), kinds))
     return found
 
@@ -283,7 +283,7 @@ def _where(selection: keypaths.Selection) -> str:
     return f"[{selection.name!r}]" + "".join(f"[{s!r}]" for s in selection.segments)
 
 
-def _check_leaf(leaf: Any, spec: codec.LeafSpec, where: str) -> None:
+def _check_leaf(leaf: Any, spec: LeafSpec, where: str) -> None:
     saved = spec.abstract()
     shape, dtype = tuple(np.shape(leaf)), getattr(leaf, "dtype", None)
     if shape != saved.shape:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
-from jaxjob._src.checkpoint import checksum, files, leaf_check, manifest, run_identity, storage
+from jaxjob._src.checkpoint import checksum, files, leaf_check, manifest, run_identity
+from jaxjob._src.checkpoint.io import CheckpointIO
 from jaxjob._src.checkpoint.layout import is_committed
 from jaxjob._src.checkpoint.listing import list_checkpoints
-from jaxjob._src.internals import orbax_private
 
 __all__ = ["checkpoints_under", "verify", "verify_checkpoint", "verify_each"]
 
@@ -81,7 +80,7 @@ def verify_each(path: str | os.PathLike) -> list[tuple[str, list[str]]]:
 def verify_checkpoint(
     path: str,
     *,
-    reader: Any = None,
+    reader: CheckpointIO | None = None,
     found: manifest.Manifest | None = None,
     data: bool = True,
     db_prefix: str | None = None,
@@ -95,8 +94,8 @@ def verify_checkpoint(
 
     Args:
         path: A checkpoint directory.
-        reader: An Orbax checkpointer to read with (a manager's); by default
-            one is opened and closed.
+        reader: The handle to read with (a manager's); by default one
+            reading on this process alone is opened and closed.
         found: Its manifest, if already read.
         data: Also check the CRC-32C of the stored bytes of the OCDBT data
             files (the leaf check reads their values either way: False
@@ -126,12 +125,8 @@ def verify_checkpoint(
     if reader is not None:
         lines = leaf_check.check_all(reader, path, found, records)
     else:
-        handler = storage.composite_handler(path, private=True)
-        reader = orbax_private.checkpointer(path, handler, private=True)
-        try:
-            lines = leaf_check.check_all(reader, path, found, records)
-        finally:
-            reader.close()
+        with CheckpointIO.alone(path) as alone:
+            lines = leaf_check.check_all(alone, path, found, records)
     # a damaged data file whose leaves name it already is said once; bytes no leaf reads, here
     named = [
         str(checksum.corrupt(found.epoch, path, line))

@@ -1,6 +1,10 @@
-"""Every use of JAX's and Orbax's private APIs, each with why no public API serves.
+"""Every use of Orbax's private APIs, one module per mechanism, each saying why it is needed.
 
-``jax_private`` imports JAX only (no Orbax, no jaxjob module);
-``orbax_private`` imports Orbax, TensorStore, ``base`` and ``restore_buffers``
-(NumPy and TensorStore only); ``orbax_files`` reads Orbax's files through it.
+``orbax_commit`` (how a save is committed), ``orbax_kvstore`` (TensorStore's
+specs), ``orbax_reads`` (restore buffers, event loops), ``orbax_handlers``
+(item handlers) and ``orbax_checkpointer`` (the checkpointers, built by
+``checkpoint.io`` alone) import Orbax, TensorStore and ``base``;
+``orbax_version`` checks the installed release; ``orbax_files`` reads Orbax's
+files. ``tests/internals/test_orbax_contract.py`` checks every private name
+they use. JAX's internals are in ``base.jax_private``.
 """

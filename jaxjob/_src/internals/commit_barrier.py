@@ -26,7 +26,7 @@ import time
 
 import jax
 
-from jaxjob._src.internals import jax_private
+from jaxjob._src.base import jax_private
 
 __all__ = ["WRITE_BARRIER", "post_failure", "wait", "write_directory"]
 

@@ -5,7 +5,13 @@ and how each ``jax.Array`` leaf was sharded in the ``state`` item's
 ``_sharding`` file; neither has a public reader that works without
 constructing a checkpointer. Where the step metadata file lies is Orbax's
 private ``step_metadata_file_path``
-(:func:`jaxjob._src.internals.orbax_private.step_metadata_file`).
+(:func:`jaxjob._src.internals.orbax_commit.step_metadata_file`).
+
+Private Orbax names relied on: ``StepMetadata``'s fields
+``init_timestamp_nsecs`` and ``commit_timestamp_nsecs`` (read from that
+file), the ``_sharding`` file (``metadata.sharding._SHARDING``) and its
+``sharding_type`` values ``NamedSharding`` and ``SingleDeviceSharding``
+(``ShardingTypes``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxjob._src.base import fs
-from jaxjob._src.internals import orbax_private
+from jaxjob._src.internals import orbax_commit
 
 __all__ = ["commit_times", "saved_named_shardings", "saved_shardings"]
 
@@ -29,7 +35,7 @@ def commit_times(path: str) -> tuple[float | None, float | None]:
     Orbax keeps them in its step metadata file, which has no public reader
     that works without constructing a checkpointer.
     """
-    file = orbax_private.step_metadata_file(path)
+    file = orbax_commit.step_metadata_file(path)
     try:
         doc = json.loads(fs.read_text(file))
     except (OSError, ValueError):

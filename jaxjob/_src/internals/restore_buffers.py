@@ -5,7 +5,7 @@ NumPy aligns large buffers to 16 bytes, XLA's CPU client needs 64 to use one
 in place, so every restored byte was copied once more (time, and 1.6-1.7x the
 workspace in peak RSS). :func:`read_shard` is Orbax's private
 ``serialization._read_shard`` reading into a 64-byte aligned buffer instead;
-Orbax has no option for it. :func:`jaxjob._src.internals.orbax_private.install`
+Orbax has no option for it. :func:`jaxjob._src.internals.orbax_reads.install`
 puts it in place. This module imports NumPy and TensorStore only.
 """
 

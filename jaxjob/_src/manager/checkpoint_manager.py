@@ -1,8 +1,8 @@
-"""The checkpoint manager of one node: a facade over one node writer.
+"""The checkpoint manager of one node: the manager body over one node writer.
 
 Each epoch goes to ``<db_prefix>/<node_name>.<epoch>/`` through Orbax; the
-save protocol is :mod:`jaxjob._src.manager.writer` and
-:mod:`jaxjob._src.manager.save_round`.
+manager body is :mod:`jaxjob._src.manager.facade`, its tiers
+:mod:`jaxjob._src.manager.tier`.
 """
 
 from __future__ import annotations
@@ -10,29 +10,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import jax
-
-from jaxjob._src.checkpoint import storage
 from jaxjob._src.checkpoint.hostlocal import HostMap
-from jaxjob._src.checkpoint.layout import check_epoch, check_node_name, db_name, is_committed
-from jaxjob._src.core.workspace import Workspace
-from jaxjob._src.manager import keep as keep_lib
-from jaxjob._src.manager import retention
+from jaxjob._src.checkpoint.layout import check_node_name, db_name
 from jaxjob._src.manager.facade import ManagerCore
 from jaxjob._src.manager.local_tier import LocalTier
 from jaxjob._src.manager.metadata import MetadataHandler
-from jaxjob._src.manager.save_round import Round
+from jaxjob._src.manager.retention import keep as keep_lib
+from jaxjob._src.manager.save.writer import NodeWriter
 from jaxjob._src.manager.shared import (
     DEFAULT_WRITE_TIMEOUT_S,
     CheckpointOptions,
-    check_db_type,
     check_owner,
     resolve_options,
 )
-from jaxjob._src.manager.writer import NodeWriter
 from jaxjob._src.multihost import hosts
 
-__all__ = ["CheckpointManager"]
+__all__ = ["CheckpointManager", "node_manager"]
 
 
 class CheckpointManager(ManagerCore):
@@ -151,75 +144,23 @@ class CheckpointManager(ManagerCore):
         )
         super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep, local=local)
         node_name = check_node_name(node_name)
-        self._writer = NodeWriter(
-            self._db_prefix,
-            node_name,
-            options,
-            owner_process=check_owner(owner_process),
-            required_outputs=self.required_outputs,
-            committed=self.committed_epochs,
-            on_failure=self._metadata_failed,
-        )
-        self._exchange_stats = not self._writer.private
-        if self._keep:
-            self._retention = retention.Retention(self._db_prefix, [node_name], self._keep)
-
-    def _make_local(self, directory: str) -> CheckpointManager:
-        """This node's manager over the local ``directory``: this process alone writes it."""
-        return CheckpointManager(
-            directory,
-            self._writer.node_name,
-            owner_process=jax.process_index() if jax.process_count() > 1 else None,
-            **self._local_kwargs(),
-        )
-
-    @classmethod
-    def _over(cls, writer: NodeWriter, parent: ManagerCore) -> CheckpointManager:
-        """A facade over ``writer``, a node of the multi-node manager ``parent``."""
-        view = cls.__new__(cls)
-        ManagerCore.__init__(
-            view, writer.db_prefix, parent._db_type, parent.metadata_handler, parent.options
-        )
-        view._writer = writer
-        view._exchange_stats = not writer.private
-        return view
+        self._persistent.open([node_name], {node_name: check_owner(owner_process)})
 
     def __repr__(self) -> str:
-        return f"CheckpointManager({self._db_prefix!r}, node_name={self._writer.node_name!r})"
-
-    @property
-    def owner_process(self) -> int | None:
-        """The process that alone saves this node, or None (every process)."""
-        return self._writer.owner_process
+        return f"CheckpointManager({self.db_prefix!r}, node_name={self.node_names()[0]!r})"
 
     @property
     def node_managers(self) -> list[tuple[str, CheckpointManager]]:
         """``[(node_name, self)]``: the same shape as a multi-node manager's."""
-        return [(self._writer.node_name, self)]
+        return [(self.node_names()[0], self)]
 
     def node_names(self) -> list[str]:
         """``[node_name]``."""
-        return [self._writer.node_name]
-
-    def _own_nodes(self) -> list[str]:
-        """``[node_name]``: every node's leaves are saved under it."""
-        return [self._writer.node_name]
-
-    def _writers(self) -> list[NodeWriter]:
-        return [self._writer]
-
-    def _how(self, epoch: int | None) -> Round:
-        node = self._writer.node_name
-        what = f"the save of epoch {epoch} of node {node!r}"
-        if epoch is None:
-            what = f"the end of the saves of node {node!r}"
-        spmd = not self._writer.private
-        exchange = spmd and (epoch is not None or jax.process_count() > 1)
-        return Round(what, keyed=False, exchange=exchange, timeout_s=self.timeout_s)
+        return self._persistent.nodes()
 
     def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
         """Checkpoint directory of ``node_name`` at ``epoch``."""
-        return db_name(epoch, node_name, self._db_prefix)
+        return db_name(epoch, node_name, self.db_prefix)
 
     def init(
         self,
@@ -243,89 +184,7 @@ class CheckpointManager(ManagerCore):
                 f"CheckpointManager handles one node, got nodes={list(nodes)}; "
                 "use MultiNodeCheckpointManager for several"
             )
-        self._writer.take_lock()  # an unwritable db_prefix is reported by the first save
-        if retrieve_from_epoch is not None:
-            _, found = self._checkpoint(retrieve_from_epoch, path_prefix, path_type)
-            self._writer.reader.blob_names = found.state_keys
-
-    def blob_list(self) -> list[str]:
-        """Names of the leaves this manager saves and loads.
-
-        Raises:
-            RuntimeError: Before ``init(retrieve_from_epoch=...)``, a save or a load.
-        """
-        names = self._writer.reader.blob_names
-        if names is None:
-            raise RuntimeError("blob_list() is known only after init from an epoch, save or load")
-        return list(names)
-
-    def check_db_exists(self, epoch: int) -> bool:
-        """Whether this node's checkpoint of ``epoch`` is committed."""
-        path = db_name(check_epoch(epoch), self._writer.node_name, self._db_prefix)
-        return is_committed(path)
-
-    def _checkpoint(self, epoch: int, path_prefix: str | None = None, path_type=None):
-        if path_type is not None:
-            check_db_type(path_type, "path_type")
-        return self._writer.reader.checkpoint(epoch, path_prefix or self._path_prefix)
-
-    def load(
-        self,
-        epoch: int,
-        path_prefix: str | None = None,
-        path_type: str | None = None,
-        *,
-        targets: Mapping[str, Any] | None = None,
-    ) -> Workspace:
-        """Loads the whole persistent workspace saved at ``epoch``.
-
-        Args:
-            epoch: A committed epoch.
-            path_prefix: Read ``path_prefix + "<node>.<epoch>"`` instead.
-            path_type: Storage type of that path; only ``"orbax"``.
-            targets: Abstract leaves (from the init group's trace) fixing the
-                pytree types, dtypes and shardings of the names they cover.
-
-        Raises:
-            TypeError: If ``epoch`` is not an int (ValueError if negative).
-            FileNotFoundError: If ``epoch`` is not committed (lists those that are).
-            ValueError: If a target differs from the checkpoint (names the key path).
-        """
-        path, found = self._checkpoint(epoch, path_prefix, path_type)
-        self._loading()
-        self._writer.reader.blob_names = found.state_keys
-        return self._writer.load(path, found, found.state_keys, targets=targets)
-
-    def _verify_nodes(self, epoch: int, nodes: Sequence[str], *, data: bool = True) -> list[str]:
-        """Verifies through this manager's cached manifest and reader when it reads alone."""
-        alone = self._writer.private or jax.process_count() == 1
-        if list(nodes) != [self._writer.node_name] or not alone:
-            return super()._verify_nodes(epoch, nodes, data=data)
-        return self._writer.reader.verify(epoch, self._path_prefix, data=data)
-
-    def saved_shapes(self, epoch: int) -> dict[str, Any]:
-        """Shapes and dtypes of the leaves saved at ``epoch``, reading no array data."""
-        return storage.saved_shapes(self._checkpoint(epoch)[1])
-
-    def saved_targets(self, epoch: int) -> dict[tuple[str, ...], Any] | None:
-        """The array state leaves of ``epoch`` with their saved shardings, by key path.
-
-        None if this job's devices differ from the saving job's.
-        """
-        return storage.saved_targets(*self._checkpoint(epoch))
-
-    def load_outputs(self, epoch: int) -> Workspace:
-        """Loads the epoch outputs saved with ``epoch`` for the stop conditions."""
-        path, found = self._checkpoint(epoch)
-        reader = self._writer.reader
-        return Workspace(reader.restore(path, found, found.output_keys, item=storage.OUTPUTS))
-
-    def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
-        """Loads those of ``blob_names`` that this node's checkpoint of ``epoch`` holds."""
-        path, found = self._checkpoint(epoch)
-        self._loading()
-        wanted = [n for n in blob_names if n in found.state]
-        return self._writer.load(path, found, wanted)
+        self._init_writers(retrieve_from_epoch, path_prefix, path_type)
 
     def load_blobs_locally(
         self, nodes: Sequence[Any], blob_names: Iterable[str], epoch: int, session: Any
@@ -335,48 +194,22 @@ class CheckpointManager(ManagerCore):
         Returns:
             False, loading nothing, if the checkpoint of ``epoch`` is missing.
         """
-        self._loading()  # a load: its stats are exchanged when reported
+        self._persistent.loading()  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             return False
         loaded = self.load_blobs_from_checkpoint(blob_names, epoch)
         session.workspace = session.workspace.set(loaded)
         return True
 
-    def save(
-        self, epoch: int, workspace: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None
-    ) -> None:
-        """Starts saving ``workspace`` as this node's checkpoint of ``epoch``.
 
-        Returns once the device-to-host copy is done (async) or the
-        checkpoint is committed and on stable storage (``async_save=False``).
-        Saving an epoch that is already committed replaces it once the new
-        one is committed (on object stores, which cannot rename, the old one
-        is deleted first). In a multi-process job, call it on every process:
-        the processes agree in one exchange whether it can start (and share
-        its stats, see :meth:`report_checkpoint_stats`). If the last
-        :meth:`cp_accessible` (without epoch) said False here, it fails on
-        every process, writing nothing.
+def node_manager(writer: NodeWriter, parent: ManagerCore) -> CheckpointManager:
+    """A single-node manager over ``writer``, one node of the multi-node manager ``parent``.
 
-        Args:
-            epoch: The epoch, >= 0.
-            workspace: The persistent leaves to save.
-            outputs: Epoch outputs the stop conditions read, saved alongside.
-
-        Raises:
-            TypeError: If ``epoch`` is not an int.
-            ValueError: If ``epoch`` is negative.
-            OSError: If ``db_prefix`` is not a writable directory here.
-            PermissionError: If :meth:`cp_accessible` said False here.
-            UnstorableLeafError: (a TypeError) If a leaf cannot be stored at
-                all (a zero-size array; a dtype Orbax lacks: uint2, uint4,
-                float8_e4m3), naming its key path, dtype and shape; nothing
-                is written and nothing committed is touched.
-            CheckpointSaveError: If this save cannot start on another
-                process, or the previous async save failed on some process
-                (raised after this epoch's save has started).
-            CheckpointInUseError: If another live process writes this node here.
-            HostTimeoutError: If another process does not arrive in time.
-        """
-        self._writer.check_process()
-        node = self._writer.node_name
-        self._save_round(epoch, {node: (workspace, outputs)})
+    It shares the writer (its lock, its reader, its save in flight) and the
+    parent's options and metadata handler.
+    """
+    view = CheckpointManager.__new__(CheckpointManager)
+    ManagerCore.__init__(
+        view, writer.db_prefix, "orbax", parent.metadata_handler, parent.options, writers=[writer]
+    )
+    return view

@@ -27,7 +27,7 @@ import jax
 
 from jaxjob._src.base import fs, mounts
 from jaxjob._src.base.checks import is_int
-from jaxjob._src.manager import keep as keep_lib
+from jaxjob._src.manager.retention import keep as keep_lib
 from jaxjob._src.multihost import hosts
 
 __all__ = ["LOCAL", "PERSISTENT", "LocalTier", "check_placement"]

@@ -1,4 +1,4 @@
-"""Checkpoint metadata: the handler protocol and the default on-disk handler."""
+"""Checkpoint metadata: the handler protocol, the default on-disk handler, a tier's record."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 
 from jaxjob._src.base import fs
+from jaxjob._src.base.errors import CheckpointSaveError, as_save_error
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import run_identity
 from jaxjob._src.checkpoint.layout import common_epochs
 
-__all__ = ["DiskMetadataHandler", "MetadataHandler"]
+__all__ = ["DiskMetadataHandler", "MetadataHandler", "MetadataRecord"]
 
 logger = get_logger(__name__)
 METADATA_FILE = run_identity.LOG_FILE
@@ -144,3 +145,74 @@ class DiskMetadataHandler:
             logger.info("%s failed: %s", action_name, failed)
         else:
             logger.debug("%s: %s", action_name, stats)
+
+
+class MetadataRecord:
+    """A tier's side of its metadata handler: the commit record, deferred until its save commits.
+
+    Args:
+        handler: The tier's metadata handler.
+        db_prefix: The tier's directory (named in a failed record's error).
+    """
+
+    def __init__(self, handler: MetadataHandler, db_prefix: str) -> None:
+        self.handler = handler
+        self.db_prefix = db_prefix
+        self.due: int | None = None  # the epoch whose record waits for its save to commit
+        self._failures: list[CheckpointSaveError] = []
+        self._accessible = True  # the handler's answer for the next save
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Asks the handler; without ``epoch`` its answer is also kept for the next save."""
+        accessible = self.handler.cp_accessible(epoch)
+        if epoch is None:
+            self._accessible = bool(accessible)
+        return accessible
+
+    def take_access(self) -> bool:
+        """The last ``cp_accessible()`` answer, for this save only (then True again)."""
+        accessible, self._accessible = self._accessible, True
+        return accessible
+
+    def committed(self, epoch: int, *, in_flight: bool) -> None:
+        """Records ``epoch`` now, or (its save ``in_flight``) once a round finds it committed."""
+        if in_flight:
+            self.due = epoch
+        else:
+            self.write(epoch)
+
+    def failed(self, epoch: int) -> None:
+        """Drops the deferred record of ``epoch``: its save failed on this process."""
+        if self.due == epoch:
+            self.due = None
+
+    def flush(self, in_flight: list[int | None], *, committed: bool) -> None:
+        """Writes the deferred record once its save committed; drops it if the save failed.
+
+        A record whose save is still in flight (among ``in_flight``) stays deferred.
+        """
+        due = self.due
+        if due is not None and due in in_flight:
+            return
+        self.due = None
+        if due is not None and committed:
+            self.write(due)
+
+    def write(self, epoch: int) -> None:
+        """Tells the handler that ``epoch`` is committed.
+
+        A record the handler cannot write (``OSError``: EIO, ENOSPC, an object
+        store that does not answer) is a failure of that epoch's save, kept
+        for :meth:`take_failures`; nothing is raised here.
+        """
+        try:
+            self.handler.write(epoch=epoch)
+        except OSError as err:
+            failure = as_save_error(epoch, fs.join(self.db_prefix, METADATA_FILE), err)
+            logger.debug("metadata record failed: %s", failure)
+            self._failures.append(failure)
+
+    def take_failures(self) -> list[CheckpointSaveError]:
+        """The records that failed since the last call (each a save failure), oldest first."""
+        failures, self._failures = self._failures, []
+        return failures

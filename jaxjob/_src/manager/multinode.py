@@ -1,33 +1,26 @@
-"""Checkpointing several logical nodes: a facade over one node writer per node."""
+"""Checkpointing several logical nodes: the manager body over one node writer per node."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import jax
-
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import manifest
 from jaxjob._src.checkpoint.hostlocal import HostMap
-from jaxjob._src.checkpoint.layout import check_epoch, check_node_name, db_name
+from jaxjob._src.checkpoint.layout import check_node_name, db_name
 from jaxjob._src.core.session import Session
 from jaxjob._src.core.task import Node
-from jaxjob._src.core.workspace import Workspace
-from jaxjob._src.manager import keep as keep_lib
-from jaxjob._src.manager import retention
-from jaxjob._src.manager.checkpoint_manager import CheckpointManager
+from jaxjob._src.manager.checkpoint_manager import CheckpointManager, node_manager
 from jaxjob._src.manager.facade import ManagerCore
 from jaxjob._src.manager.local_tier import LocalTier
 from jaxjob._src.manager.metadata import MetadataHandler
-from jaxjob._src.manager.save_round import Round
+from jaxjob._src.manager.retention import keep as keep_lib
 from jaxjob._src.manager.shared import (
     DEFAULT_WRITE_TIMEOUT_S,
     CheckpointOptions,
     check_owner,
     resolve_options,
 )
-from jaxjob._src.manager.writer import NodeWriter
 from jaxjob._src.multihost import hosts
 
 __all__ = ["MultiNodeCheckpointManager"]
@@ -112,29 +105,14 @@ class MultiNodeCheckpointManager(ManagerCore):
             host_map=host_map,
             storage_timeout_s=storage_timeout_s,
         )
-        super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep, local=local)
+        super().__init__(
+            db_prefix, db_type, metadata_handler, options, keep=keep, local=local, keyed=True
+        )
         self._node_processes = {str(k): check_owner(v) for k, v in (node_processes or {}).items()}
-        self._node_writers: list[NodeWriter] | None = None
-        self._node_managers: list[tuple[str, CheckpointManager]] = []
-        self._key_nodes: dict[str, str] = {}
-        self._alone = False  # a local tier's manager: this process alone takes part
+        self._node_managers: list[tuple[str, CheckpointManager]] | None = None
 
     def __repr__(self) -> str:
-        return f"MultiNodeCheckpointManager({self._db_prefix!r})"
-
-    def _make_local(self, directory: str) -> MultiNodeCheckpointManager:
-        """Every node's manager over the local ``directory``: this process alone writes it."""
-        nodes = self.node_names()
-        local = MultiNodeCheckpointManager(
-            directory,
-            node_processes=(
-                dict.fromkeys(nodes, jax.process_index()) if jax.process_count() > 1 else None
-            ),
-            **self._local_kwargs(),
-        )
-        local._alone = True  # one process's local tier: its rounds exchange nothing
-        local.init(nodes, key_nodes=self._key_nodes)
-        return local
+        return f"MultiNodeCheckpointManager({self.db_prefix!r})"
 
     @property
     def node_managers(self) -> list[tuple[str, CheckpointManager]]:
@@ -143,7 +121,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         Raises:
             RuntimeError: Before :meth:`init`.
         """
-        if self._node_writers is None:
+        if self._node_managers is None:
             raise RuntimeError("MultiNodeCheckpointManager: call init(nodes) first")
         return list(self._node_managers)
 
@@ -151,17 +129,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         """The job's node names, in order."""
         return [n for n, _ in self.node_managers]
 
-    def _writers(self) -> list[NodeWriter]:
-        return list(self._node_writers or [])
-
-    def _how(self, epoch: int | None) -> Round:
-        what = f"the save of epoch {epoch} of nodes {self.node_names()}"
-        if epoch is None:
-            what = "the end of the node saves"
-        exchange = not self._alone and (epoch is not None or jax.process_count() > 1)
-        return Round(what, keyed=True, exchange=exchange, timeout_s=self.timeout_s)
-
-    def _make_managers(self, nodes: Sequence[Any]) -> None:
+    def _make_writers(self, nodes: Sequence[Any]) -> None:
         names = [check_node_name(n.name if isinstance(n, Node) else n) for n in nodes]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -169,31 +137,18 @@ class MultiNodeCheckpointManager(ManagerCore):
                 f"nodes {names} name {twice} more than once: two managers would write the "
                 "same checkpoint directories; give each node once"
             )
-        if self._node_writers is not None:
-            current = [w.node_name for w in self._node_writers]
+        if self._node_managers is not None:
+            current = self.node_names()
             if current != names:
                 raise ValueError(
                     f"this MultiNodeCheckpointManager was initialised with nodes {current}, "
                     f"got nodes {names}; use a new manager for another job"
                 )
             return
-        self._node_writers = [
-            NodeWriter(
-                self._db_prefix,
-                name,
-                self.options,
-                owner_process=self._node_processes.get(name),
-                required_outputs=self.required_outputs,
-                committed=lambda name=name: self._committed(name),
-                on_failure=self._metadata_failed,
-            )
-            for name in names
-        ]
+        self._persistent.open(names, self._node_processes)
         self._node_managers = [
-            (w.node_name, CheckpointManager._over(w, self)) for w in self._node_writers
+            (w.node_name, node_manager(w, self)) for w in self._persistent.writers
         ]
-        if self._keep:
-            self._retention = retention.Retention(self._db_prefix, names, self._keep)
 
     def init(
         self,
@@ -204,7 +159,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         *,
         key_nodes: Mapping[str, str] | None = None,
     ) -> None:
-        """Creates one manager per node; again with the same nodes is a no-op.
+        """Makes one node writer per node; again with the same nodes is a no-op.
 
         Args:
             nodes: The job's nodes, in order.
@@ -217,19 +172,12 @@ class MultiNodeCheckpointManager(ManagerCore):
         Raises:
             ValueError: If called again with different nodes.
         """
-        first = self._node_writers is None
-        self._make_managers(nodes)
+        first = self._node_managers is None
+        self._make_writers(nodes)
         if key_nodes:
-            self._key_nodes.update(key_nodes)
+            self._persistent.key_nodes.update(key_nodes)
         if first or retrieve_from_epoch is not None:
-            for name, manager in self.node_managers:
-                manager.init([name], retrieve_from_epoch, path_prefix, path_type)
-                if retrieve_from_epoch is not None:
-                    self._key_nodes.update(dict.fromkeys(manager.blob_list(), name))
-
-    def blob_list(self) -> list[str]:
-        """Names of the leaves saved for every node."""
-        return [n for _, m in self.node_managers for n in m.blob_list()]
+            self._init_writers(retrieve_from_epoch, path_prefix, path_type)
 
     def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
         """Checkpoint directory of ``node_name`` at ``epoch``.
@@ -237,67 +185,10 @@ class MultiNodeCheckpointManager(ManagerCore):
         Raises:
             KeyError: If ``node_name`` is not one of this manager's nodes.
         """
-        names = [n for n, _ in self.node_managers]
+        names = self.node_names()
         if str(node_name) not in names:
             raise KeyError(f"node {node_name!r} is not one of this manager's nodes {names}")
-        return db_name(epoch, str(node_name), self._db_prefix)
-
-    def check_db_exists(self, epoch: int) -> bool:
-        """Whether every node's checkpoint of ``epoch`` is committed."""
-        return all(m.check_db_exists(epoch) for _, m in self.node_managers)
-
-    def load(
-        self,
-        epoch: int,
-        path_prefix: str | None = None,
-        path_type: str | None = None,
-        *,
-        targets: Mapping[str, Any] | None = None,
-    ) -> Workspace:
-        """Loads and merges every node's checkpoint of ``epoch`` (private nodes: its own)."""
-        merged: dict[str, Any] = {}
-        self._loading()
-        for name, manager in self._own_managers():
-            ws = manager.load(epoch, path_prefix, path_type, targets=targets)
-            self._key_nodes.update(dict.fromkeys(ws, name))
-            merged.update(ws)
-        return Workspace(merged)
-
-    def saved_shapes(self, epoch: int) -> dict[str, Any]:
-        """Shapes and dtypes of the leaves saved at ``epoch`` of the nodes :meth:`load` reads."""
-        merged: dict[str, Any] = {}
-        for _, manager in self._own_managers():
-            merged.update(manager.saved_shapes(epoch))
-        return merged
-
-    def saved_targets(self, epoch: int) -> dict[tuple[str, ...], Any] | None:
-        """The array leaves of ``epoch`` that :meth:`load` reads, saved shardings, by key path.
-
-        None if any node's checkpoint was saved on other devices.
-        """
-        merged: dict[tuple[str, ...], Any] = {}
-        for _, manager in self._own_managers():
-            found = manager.saved_targets(epoch)
-            if found is None:
-                return None
-            merged.update(found)
-        return merged
-
-    def load_outputs(self, epoch: int) -> Workspace:
-        """Loads the stop-condition outputs saved with ``epoch`` by the nodes ``load`` reads."""
-        merged: dict[str, Any] = {}
-        for _, manager in self._own_managers():
-            merged.update(manager.load_outputs(epoch))
-        return Workspace(merged)
-
-    def load_blobs_from_checkpoint(self, blob_names: Iterable[str], epoch: int) -> Workspace:
-        """Loads ``blob_names`` from every node's checkpoint of ``epoch`` that holds them."""
-        names = list(blob_names)
-        merged: dict[str, Any] = {}
-        self._loading()
-        for _, manager in self.node_managers:
-            merged.update(manager.load_blobs_from_checkpoint(names, epoch))
-        return Workspace(merged)
+        return db_name(epoch, str(node_name), self.db_prefix)
 
     def load_blobs_locally(
         self, nodes: Sequence[Any], blob_names: Iterable[str], epoch: int, session: Session
@@ -312,8 +203,8 @@ class MultiNodeCheckpointManager(ManagerCore):
         Raises:
             KeyError: If no node's checkpoint holds a requested name.
         """
-        self._make_managers(nodes)
-        self._loading()  # a load: its stats are exchanged when reported
+        self._make_writers(nodes)
+        self._persistent.loading()  # a load: its stats are exchanged when reported
         if not self.check_db_exists(epoch):
             missing = [n for n, m in self.node_managers if not m.check_db_exists(epoch)]
             logger.info("Checkpoints of nodes %s at epoch %d do not exist", missing, epoch)
@@ -326,41 +217,3 @@ class MultiNodeCheckpointManager(ManagerCore):
         session.workspace = session.workspace.set(loaded)
         logger.info("Loaded %s from the checkpoints of epoch %d", names, epoch)
         return True
-
-    def _own_managers(self) -> list[tuple[str, CheckpointManager]]:
-        """The nodes this process saves and resumes: its own and those every process shares."""
-        me = jax.process_index()
-        return [(n, m) for n, m in self.node_managers if m.owner_process in (None, me)]
-
-    def _owner(self, name: str) -> str:
-        nodes = [n for n, _ in self.node_managers]
-        owner = self._key_nodes.get(name, nodes[0])
-        return owner if owner in nodes else nodes[0]
-
-    def save(
-        self, epoch: int, workspace: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None
-    ) -> None:
-        """Starts saving each node's leaves of ``workspace`` into its own checkpoint.
-
-        The processes agree on every node's save in one exchange (see
-        :meth:`CheckpointManager.save <jaxjob.CheckpointManager.save>`); if
-        one node's cannot start on some process, no node's starts.
-
-        Raises:
-            CheckpointSaveError: If this epoch's save cannot start (also for
-                an unwritable prefix, or :meth:`cp_accessible` False, here), or (after
-                this epoch's saves have started) the first failure of a
-                previous async save.
-        """
-        check_epoch(epoch)
-        for name in [*workspace, *(outputs or {})]:  # before any node's save is prepared
-            manifest.check_name(name)
-        own = [w.node_name for w in self._writers() if w.own]
-        items = {
-            name: (
-                {k: v for k, v in workspace.items() if self._owner(k) == name},
-                outputs if name == own[0] else None,
-            )
-            for name in own
-        }
-        self._save_round(epoch, items)

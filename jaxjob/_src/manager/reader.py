@@ -1,4 +1,4 @@
-"""The reading half of one node's checkpoints: manifests read once, one Orbax reader, loads."""
+"""The reading half of one node's checkpoints: manifests read once, one I/O handle, loads."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import orbax.checkpoint as ocp
-
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import files, keypaths, manifest, storage, verify
+from jaxjob._src.checkpoint.codec import Codec
 from jaxjob._src.checkpoint.hostlocal import HostMap
+from jaxjob._src.checkpoint.io import CheckpointIO
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace
-from jaxjob._src.internals import orbax_private
 from jaxjob._src.manager.records import Action, Stats
 
 __all__ = ["NodeReader"]
@@ -27,7 +26,8 @@ class NodeReader:
     Args:
         db_prefix: The normalized checkpoint directory.
         node_name: The node.
-        private: Whether the node is private to one process (it reads alone).
+        codec: The node's codec (``storage.codec_for``): a private one reads on
+            this process alone. Each checkpoint is decoded as its manifest says.
         host_map: How host-local leaves are resumed on another process count.
         committed: Lists the committed epochs, for error messages.
     """
@@ -37,18 +37,17 @@ class NodeReader:
         db_prefix: str,
         node_name: str,
         *,
-        private: bool,
+        codec: Codec,
         host_map: HostMap | None,
         committed: Callable[[], list[int]],
     ) -> None:
         self.db_prefix = db_prefix
         self.node_name = node_name
-        self.private = private
         self.host_map = host_map
         self._committed = committed
         self._manifests: dict[str, manifest.Manifest] = {}
         self._damaged: dict[str, dict[str, str]] = {}  # data files no read has explained yet
-        self._orbax: ocp.Checkpointer | None = None
+        self._io = CheckpointIO(db_prefix, codec)
         self.blob_names: list[str] | None = None
 
     def forget(self, path: str) -> None:
@@ -79,13 +78,6 @@ class NodeReader:
             self._manifests[path] = found
         return path, self._manifests[path]
 
-    def orbax(self) -> ocp.Checkpointer:
-        """The Orbax checkpointer this node reads with (made on first use)."""
-        if self._orbax is None:
-            handler = storage.composite_handler(self.db_prefix, self.private)
-            self._orbax = orbax_private.checkpointer(self.db_prefix, handler, private=self.private)
-        return self._orbax
-
     def restore(
         self,
         path: str,
@@ -99,7 +91,7 @@ class NodeReader:
         structure = found.structure(item)
         chosen = {n: keypaths.Selection(n, n, (), structure[n]) for n in names}
         restored = storage.restore_selected(
-            self.orbax(), path, found, chosen, item=item, targets=targets, host_map=self.host_map
+            self._io, path, found, chosen, item=item, targets=targets, host_map=self.host_map
         )
         whole = item == storage.STATE and set(names) == set(structure)
         files.unread(path, found.epoch, self._damaged.get(path, {}), whole=whole)
@@ -132,10 +124,8 @@ class NodeReader:
         except ValueError as err:  # an unreadable manifest: verify_checkpoint says so, in its words
             path = db_name(check_epoch(epoch), self.node_name, self.db_prefix, path_prefix)
             return verify.verify_checkpoint(path, data=data) or [str(err)]  # another run's
-        return verify.verify_checkpoint(path, reader=self.orbax(), found=found, data=data)
+        return verify.verify_checkpoint(path, reader=self._io, found=found, data=data)
 
     def close(self) -> None:
-        """Releases the Orbax reader."""
-        if self._orbax is not None:
-            self._orbax.close()
-        self._orbax = None
+        """Releases the Orbax reader (a later read opens a new one)."""
+        self._io.close()

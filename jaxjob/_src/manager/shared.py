@@ -1,28 +1,24 @@
-"""What both checkpoint managers accept and offer: their options and the runner's protocol.
+"""What both checkpoint managers accept: their options.
 
 :class:`CheckpointOptions` are the keyword options of both managers, also
-accepted as ``options=``; :class:`Manager` is the protocol through which the
-runner drives either. Their shared implementation is
-:class:`jaxjob._src.manager.facade.ManagerCore`.
+accepted as ``options=``. The protocol through which the runner drives either
+is :class:`jaxjob._src.run.protocol.Manager`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.checks import is_int, is_number
-from jaxjob._src.base.errors import CheckpointSaveError
 from jaxjob._src.checkpoint.hostlocal import HostMap
-from jaxjob._src.core.workspace import Workspace
-from jaxjob._src.manager.metadata import MetadataHandler
 from jaxjob._src.multihost import hosts
 
-__all__ = ["CheckpointOptions", "Manager", "check_db_type", "check_owner", "resolve_options"]
+__all__ = ["CheckpointOptions", "check_db_type", "check_owner", "resolve_options"]
 
 DB_TYPES = ("orbax",)
 DEFAULT_WRITE_TIMEOUT_S = 600.0
@@ -149,83 +145,3 @@ def resolve_options(options: CheckpointOptions | None, **keywords: Any) -> Check
                 f"{name}={value!r} given beside options=; set it in the CheckpointOptions instead"
             )
     return options
-
-
-class Manager(Protocol):
-    """The public methods through which the runner drives a checkpoint manager."""
-
-    @property
-    def timeout_s(self) -> float:
-        """How long a wait on the other processes may take, in seconds."""
-        ...
-
-    @property
-    def db_prefix(self) -> str:
-        """Where the checkpoints live."""
-        ...
-
-    @property
-    def metadata_handler(self) -> MetadataHandler:
-        """The handler that decides the resume epoch and receives the stats."""
-        ...
-
-    def set_params(self, nodes: Sequence[str]) -> None:
-        """Passes the checkpoint location and the job's nodes to the metadata handler."""
-
-    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
-        """The epoch to resume from, or None for a fresh start."""
-
-    def node_names(self) -> list[str]:
-        """The nodes whose checkpoints (and locks) the manager handles; after ``init``."""
-
-    def init(
-        self,
-        nodes: Sequence[str],
-        retrieve_from_epoch: int | None = None,
-        *,
-        key_nodes: Mapping[str, str] | None = None,
-    ) -> None:
-        """Prepares to save or load."""
-
-    def saved_shapes(self, epoch: int) -> dict[str, Any]:
-        """Shapes and dtypes of the leaves saved at ``epoch``."""
-
-    def saved_targets(self, epoch: int) -> dict[tuple[str, ...], Any] | None:
-        """The array leaves saved at ``epoch`` with their shardings, by key path (or None)."""
-
-    def load(self, epoch: int, *, targets: Mapping[str, Any] | None = None) -> Workspace:
-        """Loads the persistent workspace saved at ``epoch``."""
-
-    def load_outputs(self, epoch: int) -> Workspace:
-        """Loads the stop-condition outputs saved with ``epoch``."""
-
-    def load_blobs_locally(
-        self, nodes: Sequence[str], blob_names: Iterable[str], epoch: int, session: Any
-    ) -> bool:
-        """Loads named leaves into ``session.workspace``; False if a checkpoint is missing."""
-
-    def save(self, epoch: int, workspace: Mapping[str, Any], *, outputs: Any = None) -> None:
-        """Starts saving ``workspace`` as checkpoint ``epoch``."""
-
-    def write_checkpoint_metadata(self, epoch: int) -> None:
-        """Tells the metadata handler that ``epoch`` is saved, once committed."""
-
-    def take_metadata_failures(self) -> list[CheckpointSaveError]:
-        """The metadata records that failed since the last call (save failures)."""
-
-    def report_checkpoint_stats(self, action_name: str) -> None:
-        """Reports the last action's stats to the metadata handler."""
-
-    def cp_accessible(self, epoch: int | None = None) -> bool:
-        """Whether checkpoints (of ``epoch``; without it: for the next save) are accessible."""
-
-    def wait_until_finished(self) -> None:
-        """Blocks until every save in flight is committed (every process)."""
-
-    @property
-    def required_outputs(self) -> tuple[str, ...]:
-        """Names of epoch-group outputs to pass to :meth:`save` (e.g. what retention ranks by)."""
-        ...
-
-    def finish_local(self) -> list[CheckpointSaveError]:
-        """Completes this process's saves in flight without waiting on other processes."""

@@ -13,9 +13,9 @@ from typing import Any
 
 import jax
 
+from jaxjob._src.base import jax_private
 from jaxjob._src.base.checks import is_int
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.internals import jax_private
 from jaxjob._src.multihost.launch import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
 __all__ = ["initialize"]

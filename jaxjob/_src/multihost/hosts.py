@@ -12,9 +12,8 @@ from typing import Any
 
 import jax
 
-from jaxjob._src.base import errors
+from jaxjob._src.base import errors, jax_private
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.internals import jax_private
 
 __all__ = ["DEFAULT_TIMEOUT_S", "HostTimeoutError", "decide", "exchange"]
 

@@ -1,5 +1,5 @@
 """The training loop: runner, resume, epoch ends, saves and failures, progress, history, upload.
 
-Imports every layer below it: ``base``, ``core``, ``internals``,
-``multihost``, ``checkpoint``, ``manager``.
+Imports ``base``, ``core``, ``multihost``, ``checkpoint`` and ``manager``; Orbax only
+through ``checkpoint.io`` (never ``orbax`` nor ``internals``).
 """

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.manager.shared import Manager
 from jaxjob._src.multihost import hosts
 from jaxjob._src.run.auto_interval import AutoInterval
 from jaxjob._src.run.interval import SaveClock, SaveInterval
+from jaxjob._src.run.protocol import Manager
 from jaxjob._src.run.save_failures import SaveFailures
 
 __all__ = ["Boundary", "agree_boundary", "any_process"]
@@ -34,7 +34,7 @@ def agree_boundary(
     interval: SaveInterval | AutoInterval,
     clock: SaveClock,
     failures: SaveFailures,
-    manager: Manager | None,
+    manager: Manager,
     timeout_s: float,
     local: tuple[SaveInterval, SaveClock] | None = None,
 ) -> Boundary:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from typing import Any
 
 import jax
 
@@ -23,7 +22,7 @@ from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.preemption import HeldSignal
 from jaxjob._src.core.session import Session, consumed
 from jaxjob._src.core.workspace import Workspace
-from jaxjob._src.manager.local_tier import LOCAL
+from jaxjob._src.run.protocol import Manager, Reader, tiers_of
 
 __all__ = ["settle_workspace"]
 
@@ -33,8 +32,8 @@ logger = get_logger("jaxjob.runner")
 def settle_workspace(
     session: Session,
     completed: tuple[int, Workspace] | None,
-    manager: Any,
-    load: Callable[[Session, Any, int], None],
+    manager: Manager,
+    load: Callable[[Session, Reader, int], None],
 ) -> None:
     """After Ctrl-C: makes ``session`` hold a completed epoch's live arrays.
 
@@ -42,8 +41,8 @@ def settle_workspace(
         session: The interrupted session.
         completed: ``(epoch, workspace)`` of the last epoch completed before
             the one interrupted (None: the epoch loop had not started).
-        manager: The runner's checkpoint manager, or None.
-        load: Restores an epoch of a manager into the session (the runner's).
+        manager: The runner's checkpoint manager (a ``NullManager`` without one).
+        load: Restores an epoch of a tier's reader into the session (the runner's).
     """
     if not (session.partial or consumed(session.workspace)):
         return  # a completed epoch's: the interrupt came outside the epoch group's programs
@@ -72,12 +71,9 @@ def settle_workspace(
     )
 
 
-def _newest_committed(manager: Any) -> tuple[int, Any] | None:
-    """``(epoch, manager of its tier)`` of the newest committed epoch here, or None."""
-    if manager is None or jax.process_count() > 1:
+def _newest_committed(manager: Manager) -> tuple[int, Reader] | None:
+    """``(epoch, reader of its tier)`` of the newest committed epoch here, or None."""
+    if jax.process_count() > 1:
         return None
-    found = [(e, manager) for e in manager.committed_epochs()[-1:]]
-    if LOCAL in manager.tiers():
-        local = manager.tier_manager(LOCAL)
-        found += [(e, local) for e in local.committed_epochs()[-1:]]
+    found = [(e, t.reader) for t in tiers_of(manager) for e in t.committed_epochs()[-1:]]
     return max(found, key=lambda pair: pair[0]) if found else None

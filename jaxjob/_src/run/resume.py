@@ -1,13 +1,13 @@
-"""Resume targets: what the runner restores, traced from the init group and checked against a save.
+"""Where a ``train`` starts: from scratch, or from which epoch of which tier, and restored how.
 
-The init group is traced abstractly (nothing runs): its jitted programs give
-each name's shape and dtype, its host steps contribute the saved shapes. The
-names are checked against the checkpoint's. On the devices that saved the
-checkpoint each array is restored with the sharding it was saved with: the
-one the saving job's next epoch read, so nothing is compiled before the first
-epoch runs. On other devices (another device or process count) the init
-group's programs are compiled for their shardings, and the state is given the
-shardings the epochs leave from there (:mod:`jaxjob._src.run.shardings`).
+Process 0 decides the epoch (its metadata handler's newest, or
+``resume_from_epoch``) and the life's id (:func:`resume_epoch`). With a local
+tier and auto-resume, every process lists its local epochs newer than that
+one (:func:`local_choice`): the newest every process holds, from one life,
+that restores everywhere is resumed; else the persistent epoch. The restore
+targets come from the init group (:mod:`jaxjob._src.run.targets`). Local
+epochs newer than the one resumed (a killed life's) are dropped. A resumed
+checkpoint that already meets a stop condition is a finished job.
 """
 
 from __future__ import annotations
@@ -18,44 +18,57 @@ import uuid
 from typing import Any
 
 import jax
-import jax.extend
 
+from jaxjob._src.base.checks import is_int
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.status import status_logger
-from jaxjob._src.checkpoint import keypaths
 from jaxjob._src.checkpoint.hostlocal import ProcessCountError
-from jaxjob._src.core import checks, data
+from jaxjob._src.core import data
 from jaxjob._src.core.job import Job
-from jaxjob._src.core.session import Program, Session
-from jaxjob._src.manager.shared import Manager
+from jaxjob._src.core.session import Session
+from jaxjob._src.manager.local_tier import LOCAL, PERSISTENT
 from jaxjob._src.multihost import hosts
 from jaxjob._src.run import shardings
 from jaxjob._src.run.agreement import any_process
+from jaxjob._src.run.protocol import Manager, Reader, tiers_of
+from jaxjob._src.run.targets import restore_targets
 
 __all__ = [
     "LocalChoice",
+    "Resume",
+    "check_resume_from",
     "data_count_error",
     "local_choice",
-    "loaded_nodes",
-    "restore_targets",
     "resume_epoch",
-    "set_lineage",
 ]
 
 logger = get_logger(__name__)
 
 
+def check_resume_from(resume_from_epoch: Any) -> int | None:
+    """Returns ``JobRunner``'s ``resume_from_epoch`` if it is None or an int >= 0.
+
+    Raises:
+        ValueError: Naming the argument and what it got.
+    """
+    if resume_from_epoch is not None and not (is_int(resume_from_epoch) and resume_from_epoch >= 0):
+        raise ValueError(
+            f"resume_from_epoch must be None or an int >= 0, got {resume_from_epoch!r}"
+        )
+    return resume_from_epoch
+
+
 def resume_epoch(
-    manager: Manager | None, requested: int | None, nodes: list[str], timeout_s: float
+    manager: Manager, requested: int | None, nodes: list[str], timeout_s: float
 ) -> tuple[int | None, str]:
     """The epoch to resume from (None: from scratch) and this life's id, as process 0 decides them.
 
     The life (attempt: one ``train`` call) gets one id on every process:
     process 0's, sent with the resume epoch. Every checkpoint this life saves
-    records it (:meth:`jaxjob.CheckpointManager.set_lineage`).
+    records it (each tier's ``set_lineage``).
 
     Args:
-        manager: The runner's checkpoint manager; without one, ``requested`` is the answer.
+        manager: The runner's checkpoint manager (a ``NullManager`` without one).
         requested: The runner's ``resume_from_epoch``; None lets the metadata handler pick.
         nodes: The nodes the job checkpoints.
         timeout_s: How long to wait for process 0's answer.
@@ -63,8 +76,6 @@ def resume_epoch(
     Returns:
         ``(epoch, life)``.
     """
-    if manager is None:
-        return requested, uuid.uuid4().hex
     manager.set_params(nodes=nodes)
     decided = hosts.decide(
         "the resume epoch",
@@ -72,20 +83,171 @@ def resume_epoch(
         timeout_s=timeout_s,
     )
     resume = decided["epoch"]
-    two_tiers = getattr(manager, "local_tier", None) is not None and requested is None
-    if resume is not None and not two_tiers:  # else the runner says which tier it resumes from
+    two_tiers = manager.tier(LOCAL) is not None and requested is None
+    if resume is not None and not two_tiers:  # else Resume.restore says which tier
         status_logger().info("Resuming from epoch %d (%s)", resume, manager.db_prefix)
     return resume, decided["life"]
 
 
-def set_lineage(manager: Manager, life: str, resumed_from: int | None) -> None:
-    """Tells ``manager`` the life whose saves follow and the epoch it resumed from.
+class Resume:
+    """The start of one ``train`` call: process 0's decision, then the restore (every process).
 
-    A manager of another kind than jaxjob's (no ``set_lineage``) records none.
+    Args:
+        job: The job.
+        manager: The runner's checkpoint manager (a ``NullManager`` without one).
+        requested: The runner's ``resume_from_epoch``.
+        nodes: The nodes the job checkpoints.
+        timeout_s: How long a wait on the other processes may take.
+
+    Attributes:
+        epoch: The persistent epoch process 0 chose (None: from scratch).
+        life: This life's id (process 0's).
+        deferred: Whether the restored state's shardings wait for the first
+            epoch (:func:`jaxjob._src.run.shardings.epoch_shardings`).
     """
-    record = getattr(manager, "set_lineage", None)
-    if record is not None:
-        record(life, resumed_from)
+
+    def __init__(
+        self, job: Job, manager: Manager, requested: int | None, nodes: list[str], timeout_s: float
+    ) -> None:
+        self.job, self.manager, self.requested = job, manager, requested
+        self.nodes, self.timeout_s = nodes, timeout_s
+        self.epoch, self.life = resume_epoch(manager, requested, nodes, timeout_s)
+        self.deferred = False
+
+    def from_scratch(self, session: Session) -> None:
+        """Takes the manager's locks for a fresh life; drops every local epoch (another life's)."""
+        self.manager.init(self.nodes, key_nodes=session.key_nodes)
+        self._record_life(None)
+        self._forget_local(None)
+
+    def restore(self, session: Session) -> tuple[str, int]:
+        """Restores the newest epoch intact on every process, from either tier: ``(tier, epoch)``.
+
+        Without a local tier (or with ``resume_from_epoch``) that is the
+        persistent tier's ``epoch``. Otherwise every process lists its local
+        tier (one exchange); the newest local epoch newer than it that every
+        process holds is restored, and if it does not restore on some process
+        (a damaged array), the next older one; else the persistent epoch. One
+        INFO line says which tier, epoch and why. The saves of this life
+        record the epoch resumed.
+        """
+        self.manager.init(self.nodes, retrieve_from_epoch=self.epoch)
+        tier, epoch = self._restore(session, self.epoch)
+        self._record_life(epoch)
+        return tier, epoch
+
+    def _record_life(self, resumed_from: int | None) -> None:
+        """The saves of this life, to either tier, record it and the epoch it resumed from."""
+        for tier in tiers_of(self.manager):
+            tier.set_lineage(self.life, resumed_from)
+
+    def _restore(self, session: Session, persistent: int) -> tuple[str, int]:
+        if self.manager.tier(LOCAL) is None or self.requested is not None:
+            return self._restore_persistent(session, persistent)
+        choice = local_choice(self.manager, persistent, self.timeout_s)
+        for epoch in choice.epochs:
+            if self._restore_local(session, epoch, choice.why):
+                status_logger().info(
+                    "Resuming from epoch %d of the local tier (%s): the newest epoch intact on "
+                    "every process; the persistent tier's newest is %d%s",
+                    epoch, self.manager.tier(LOCAL).db_prefix, persistent,
+                    "; passed over: " + "; ".join(choice.why) if choice.why else "",
+                )  # fmt: skip
+                self._forget_local(epoch)
+                return LOCAL, epoch
+        status_logger().info(
+            "Resuming from epoch %d of the persistent tier (%s): %s",
+            persistent, self.manager.db_prefix,
+            "; ".join(choice.why) or "no local epoch is newer",
+        )  # fmt: skip
+        return self._restore_persistent(session, persistent)
+
+    def _restore_local(self, session: Session, epoch: int, why: list[str]) -> bool:
+        """Restores local ``epoch`` if it restores on every process; else appends why not."""
+        local = self.manager.tier(LOCAL)
+        failed: Exception | None = None
+        try:  # what restore_targets reads before its own exchange, read first
+            local.reader.saved_shapes(epoch)
+            local.reader.saved_targets(epoch)
+        except Exception as err:  # noqa: BLE001 (any reason; every process tries the next)
+            failed = err
+        what = f"the local epoch {epoch}'s manifest"
+        if not any_process(what, failed is not None, self.timeout_s):
+            try:
+                self.load(session, local.reader, epoch)
+            except hosts.HostTimeoutError:
+                raise
+            except Exception as err:  # noqa: BLE001 (a damaged copy here: try the next)
+                failed = err
+        where = any_process(
+            f"the restore of local epoch {epoch}", failed is not None, self.timeout_s
+        )
+        local.report_stats("checkpoint_load")
+        if where:
+            why.append(f"local epoch {epoch} did not restore on processes {where}")
+            if failed is not None:
+                logger.warning("Local epoch %d did not restore here: %s", epoch, failed)
+        return not where
+
+    def _restore_persistent(self, session: Session, epoch: int) -> tuple[str, int]:
+        """Restores the persistent tier's ``epoch``; drops the local epochs newer than it.
+
+        With ``resume_from_epoch`` too: the branch the user left is never resumed.
+        """
+        self.load(session, self.manager.tier(PERSISTENT).reader, epoch)
+        self.manager.report_checkpoint_stats("checkpoint_load")
+        self._forget_local(epoch)
+        return PERSISTENT, epoch
+
+    def _forget_local(self, epoch: int | None) -> None:
+        """Drops local epochs newer than ``epoch`` (all on a fresh start): another life's."""
+        local = self.manager.tier(LOCAL)
+        if local is not None:
+            local.forget(epoch)
+
+    def load(self, session: Session, source: Reader, epoch: int) -> None:
+        """Restores ``epoch`` of ``source`` (a tier's reader) into ``session``.
+
+        Raises:
+            ValueError: If the checkpoint holds other names than the init group
+                sets, or per-process data states for another process count.
+        """
+        targets, self.deferred = restore_targets(self.job, session, source, epoch)
+        placed = {**shardings.as_saved(source, epoch, targets), **targets}  # host tasks' too
+        try:
+            session.workspace = shardings.movable(source.load(epoch, targets=placed))
+        except ProcessCountError as err:
+            raise data_count_error(err, self.job, epoch) or err from None
+        session.traced_names = set(targets)
+
+    def finished(self, session: Session, tier: str, epoch: int) -> bool:
+        """Whether the resumed checkpoint meets a stop condition (auto-resume; every process).
+
+        Its saved outputs are loaded for the conditions; a finished job says so.
+        """
+        if self.requested is not None or epoch == 0:
+            return False
+        source = self.manager.tier(tier).reader
+        values, _ = self.job.stop_values(session.workspace.set(source.load_outputs(epoch)))
+        stopped = any_process(f"the stop conditions of epoch {epoch}", any(values), self.timeout_s)
+        if stopped:
+            _say_finished(self.job, epoch)
+        return bool(stopped)
+
+
+def _say_finished(job: Job, epoch: int) -> None:
+    """The status line of a job whose checkpoint ``epoch`` already meets a stop condition."""
+    limit = getattr(job, "epoch_limit", None)
+    if limit is not None and limit < epoch:
+        status_logger().info(
+            "Already finished at epoch %d: epoch_limiter's limit of %d epochs is below the %d "
+            "epochs done; nothing to run (pass a larger limit to continue)", epoch, limit, epoch,
+        )  # fmt: skip
+    else:
+        status_logger().info(
+            "Already finished at epoch %d: its checkpoint meets a stop condition; nothing to run",
+            epoch,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +273,10 @@ def local_choice(manager: Manager, persistent: int | None, timeout_s: float) -> 
     of the job and their replicated leaves' checksums agree, so they never
     resume from a mix of lives (a host that missed a life kept its copies).
     """
-    mine, why = manager.local_candidates(persistent)
+    local = manager.tier(LOCAL)
+    mine, why = local.candidates(persistent)
     several = jax.process_count() > 1
-    lineage = manager.local_lineage(mine) if several else {}
+    lineage = local.lineage(mine) if several else {}
     post = {"epochs": mine, "why": why[:4], "lineage": {str(e): v for e, v in lineage.items()}}
     posts = hosts.exchange("the local tier's epochs", post, timeout_s=timeout_s)
     held = [set(p["epochs"]) for p in posts]
@@ -160,150 +323,6 @@ def _only_older(reason: str, newest: int) -> bool:
     found = re.findall(r"local epochs? \[?([\d, ]+)\]?", reason)
     epochs = [int(e) for group in found for e in re.findall(r"\d+", group)]
     return bool(epochs) and max(epochs) <= newest
-
-
-def restore_targets(
-    job: Job, session: Session, manager: Manager, epoch: int
-) -> tuple[dict[str, Any], bool]:
-    """The targets of the restore of ``epoch``, and whether their shardings wait for an epoch.
-
-    Returns:
-        ``(targets, deferred)`` as :func:`jaxjob._src.run.shardings.epoch_shardings` gives them.
-
-    Raises:
-        ValueError: If the checkpoint holds other names than the init group sets.
-    """
-    saved = manager.saved_shapes(epoch)
-    as_saved = manager.saved_targets(epoch)
-    found = None
-    if as_saved is not None:
-        meshes: list[Any] = []
-        targets, _ = _init_targets(job, session, manager, epoch, saved, meshes=meshes)
-        found = _with_saved_shardings(targets, as_saved, meshes)
-    timeout_s = getattr(manager, "timeout_s", hosts.DEFAULT_TIMEOUT_S)
-    what = f"the restore shardings of epoch {epoch}"
-    if not any_process(what, found is None, timeout_s):  # every process can use them
-        logger.debug("Restoring epoch %d with the shardings it was saved with", epoch)
-        return found, False
-    logger.debug("Epoch %d: tracing the job's shardings (devices or shardings changed)", epoch)
-    targets, abstract = _init_targets(job, session, manager, epoch, saved)
-    return shardings.epoch_shardings(session, job.epoch_group, epoch, abstract, targets)
-
-
-def _init_targets(
-    job: Job,
-    session: Session,
-    manager: Manager,
-    epoch: int,
-    saved: dict[str, Any],
-    *,
-    meshes: list[Any] | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What the init group's programs set, checked against the names saved at ``epoch``.
-
-    Without ``meshes`` the programs are compiled for their output shardings;
-    with it, only traced (shapes and dtypes), and the meshes their jaxprs
-    name are appended to it.
-
-    Returns:
-        ``(targets, abstract)``: the saved names the programs set, and every
-        name the init group sets (its host steps' as saved).
-    """
-    abstract: dict[str, Any] = {}
-    targets: dict[str, Any] = {}
-    nodes: dict[str, str] = {}
-    steps = session.steps(job.init_group)
-    for step in steps:
-        if isinstance(step, Program):
-            if meshes is None:
-                produced = step.abstract(abstract)
-            else:
-                produced, jaxpr = step.shapes(abstract)
-                meshes.extend(_meshes_in(jaxpr))
-            targets.update(produced)
-            abstract.update(produced)
-            nodes.update(step.producers)
-        else:
-            abstract.update({k: v for k, v in saved.items() if k not in abstract})
-    loaded = loaded_nodes(manager)
-    checks.check_resume_names(
-        [k for k in targets if loaded is None or nodes.get(k) in loaded],
-        saved,
-        exact=all(isinstance(step, Program) for step in steps),
-        epoch=epoch,
-        where=manager.db_prefix,
-    )
-    return {k: v for k, v in targets.items() if k in saved}, abstract
-
-
-def _with_saved_shardings(
-    targets: dict[str, Any], as_saved: dict[tuple[str, ...], Any], meshes: list[Any]
-) -> dict[str, Any] | None:
-    """``targets`` (the init group's shapes and dtypes) with the shardings they were saved with.
-
-    Leaves are matched by key path. None (trace the job's own shardings
-    instead) if a leaf's path, shape or dtype differs from the saved one (the
-    restore then says how), or if the job names a mesh that no saved leaf is
-    on: the context mesh (``JobRunner(mesh=)``), or one the init group's
-    programs use (``meshes``, and those of their explicit-axes outputs): its
-    shardings were changed since the save.
-    """
-    named = [leaf.sharding.mesh for leaf in jax.tree.leaves(targets) if _on_mesh(leaf)]
-    context = jax.sharding.get_abstract_mesh()
-    if not _meshes_saved([*meshes, *named, *([] if context.empty else [context])], as_saved):
-        return None
-    found = {}
-    for name, target in targets.items():
-        flat, tree = jax.tree_util.tree_flatten_with_path(target)
-        leaves = []
-        for path, leaf in flat:
-            saved = as_saved.get((name, *keypaths.entry_segments(path)))
-            if saved is None or (saved.shape, saved.dtype) != (leaf.shape, leaf.dtype):
-                return None
-            leaves.append(saved)
-        found[name] = jax.tree_util.tree_unflatten(tree, leaves)
-    return found
-
-
-def _on_mesh(leaf: Any) -> bool:
-    """Whether ``leaf`` has a named sharding (a mesh), not one device's."""
-    return hasattr(getattr(leaf, "sharding", None), "mesh")
-
-
-def _meshes_saved(meshes: list[Any], as_saved: dict[tuple[str, ...], Any]) -> bool:
-    """Whether every mesh of ``meshes`` is one a saved leaf is on (an abstract one: abstractly)."""
-    saved = {s.sharding.mesh for s in as_saved.values() if _on_mesh(s)}
-    abstract = {m.abstract_mesh for m in saved}
-    return all(m in saved or m in abstract for m in meshes)
-
-
-def _meshes_in(jaxpr: Any) -> list[Any]:
-    """The meshes of the named shardings a jaxpr's equations name (constraints, device_puts)."""
-    found: list[Any] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, jax.sharding.NamedSharding):
-            found.append(value.mesh)
-        elif isinstance(value, jax.extend.core.ClosedJaxpr):
-            walk(value.jaxpr)
-        elif isinstance(value, jax.extend.core.Jaxpr):
-            for eqn in value.eqns:
-                walk(list(eqn.params.values()))
-        elif isinstance(value, tuple | list):
-            for item in value:
-                walk(item)
-
-    walk(jaxpr)
-    return found
-
-
-def loaded_nodes(manager: Manager) -> set[str] | None:
-    """The nodes whose checkpoints this process resumes from; None: every node."""
-    managers = manager.node_managers
-    if len(managers) == 1:
-        return None
-    me = jax.process_index()
-    return {name for name, m in managers if getattr(m, "owner_process", None) in (None, me)}
 
 
 def data_count_error(err: ProcessCountError, job: Job, epoch: int) -> ValueError | None:

@@ -17,9 +17,10 @@ import jax
 from jaxjob._src.base.errors import CheckpointSaveError, Preempted
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.base.preemption import HeldSignal
+from jaxjob._src.manager.local_tier import LOCAL
 from jaxjob._src.manager.records import error_text
-from jaxjob._src.manager.shared import Manager
 from jaxjob._src.multihost import hosts
+from jaxjob._src.run.protocol import Manager, tiers_of
 
 __all__ = ["SAVE_ERROR_POLICIES", "SaveFailures", "one_line"]
 
@@ -34,6 +35,9 @@ class SaveFailures:
         policy: ``"warn"`` or ``"raise"`` (``JobRunner``'s ``on_save_error``).
         errors: The list every failure is appended to (``JobRunner.save_errors``).
         on_failed: Called with the epoch of each failure (the progress line).
+
+    Raises:
+        ValueError: If ``policy`` is neither (naming ``on_save_error``).
     """
 
     def __init__(
@@ -42,6 +46,8 @@ class SaveFailures:
         errors: list[CheckpointSaveError],
         on_failed: Callable[[int], None],
     ) -> None:
+        if policy not in SAVE_ERROR_POLICIES:
+            raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {policy!r}")
         self.policy = policy
         self.errors = errors
         self._on_failed = on_failed
@@ -68,7 +74,8 @@ class SaveFailures:
         every process handles the same :class:`CheckpointSaveError` at the
         same point.
         """
-        self._share_or_handle(manager.take_metadata_failures(), manager)
+        failed = [f for tier in tiers_of(manager) for f in tier.take_metadata_failures()]
+        self._share_or_handle(failed, manager)
 
     def local(self, failures: Sequence[CheckpointSaveError], manager: Manager) -> None:
         """Hands local-tier save failures to the policy (several processes: at the next exchange).
@@ -118,9 +125,7 @@ class SaveFailures:
             manager.wait_until_finished()
         except CheckpointSaveError as err:
             self.handle(err, manager)
-        finish_local = getattr(manager, "finish_local_tier", None)
-        if finish_local is not None:
-            self.local(finish_local(), manager)
+        self.local([f for t in tiers_of(manager) if t.name == LOCAL for f in t.finish()], manager)
         self.metadata(manager)
         self.share_last(manager, timeout_s)
 
@@ -150,11 +155,11 @@ class SaveFailures:
             logger.warning(
                 "Interrupted (KeyboardInterrupt): %s",
                 "completing the save in flight before stopping"
-                if manager.has_pending()
+                if any(tier.has_pending() for tier in tiers_of(manager))
                 else "no save was in flight; stopping",
             )
         with HeldSignal(signal.SIGINT, "the save in flight"):
-            failures = manager.finish_local()
+            failures = [f for tier in tiers_of(manager) for f in tier.finish()]
         for err in failures:
             self.errors.append(err)
             logger.error("While handling an error, a pending save failed too: %s", one_line(err))

@@ -169,7 +169,7 @@ def as_saved(manager: Any, epoch: int, targets: dict[str, Any]) -> dict[str, Any
     lists, tuples, None). On other devices there is none to give: empty.
 
     Args:
-        manager: The manager restoring (``saved_shapes`` and ``saved_targets``).
+        manager: The tier's reader restoring (``saved_shapes`` and ``saved_targets``).
         epoch: The epoch restored.
         targets: The traced targets (those names are left out).
     """

@@ -8,7 +8,7 @@ concludes from every process's post, and then all of them start or none
 does. A single-node manager posts its one node's post as it is; a
 multi-node manager posts ``{node: post}`` (``keyed``). A node private to
 another process (``owner_process``) is concluded from its owner's post.
-Which process deletes is one rule, :func:`jaxjob._src.manager.supersede.deleting_process`.
+Which process deletes is one rule, :func:`jaxjob._src.manager.save.supersede.deleting_process`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import jax
 
 from jaxjob._src.base.errors import CheckpointSaveError, as_save_error, earlier_failure
 from jaxjob._src.manager.records import ProcessStats, SavePost
-from jaxjob._src.manager.writer import NodeWriter, SavePlan
+from jaxjob._src.manager.save.writer import NodeWriter, SavePlan
 from jaxjob._src.multihost import hosts
 
 __all__ = ["Round", "Outcome", "end_round", "save_round"]

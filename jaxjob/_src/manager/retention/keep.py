@@ -1,6 +1,7 @@
 """Retention policies: which committed epochs a checkpoint manager keeps.
 
-Public as :mod:`jaxjob.keep`, whose docstring says more.
+Public as :mod:`jaxjob.keep`, whose docstring says more. A policy selects
+from :class:`EpochRecord` s, one per committed epoch, oldest first.
 """
 
 from __future__ import annotations
@@ -12,7 +13,32 @@ from typing import Literal
 
 from jaxjob._src.base.checks import is_int
 
-__all__ = ["Best", "Every", "Last", "Policy", "kept", "metric_names", "normalize"]
+__all__ = [
+    "Best",
+    "EpochRecord",
+    "Every",
+    "Last",
+    "Policy",
+    "kept",
+    "kept_records",
+    "metric_names",
+    "normalize",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochRecord:
+    """A committed epoch as retention sees it.
+
+    Attributes:
+        epoch: The epoch.
+        metrics: The scalars its manifests store (what :class:`Best` ranks by).
+        readable: False if a manifest of it could not be read: the epoch is kept.
+    """
+
+    epoch: int
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    readable: bool = True
 
 
 def _positive(value: object, argument: str, policy: str) -> None:
@@ -34,9 +60,9 @@ class Last:
     def __post_init__(self) -> None:
         _positive(self.n, "n", "Last")
 
-    def select(self, epochs: Sequence[int], metrics: Mapping[int, Mapping[str, float]]) -> set[int]:
-        """The epochs of ``epochs`` (ascending) this policy keeps."""
-        return set(epochs[-self.n :])
+    def select(self, records: Sequence[EpochRecord]) -> set[int]:
+        """The epochs of ``records`` (oldest first) this policy keeps."""
+        return {r.epoch for r in records[-self.n :]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +79,9 @@ class Every:
     def __post_init__(self) -> None:
         _positive(self.k, "k", "Every")
 
-    def select(self, epochs: Sequence[int], metrics: Mapping[int, Mapping[str, float]]) -> set[int]:
-        """The epochs of ``epochs`` this policy keeps."""
-        return {e for e in epochs if e % self.k == 0}
+    def select(self, records: Sequence[EpochRecord]) -> set[int]:
+        """The epochs of ``records`` this policy keeps."""
+        return {r.epoch for r in records if r.epoch % self.k == 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,15 +115,14 @@ class Best:
         if self.mode not in ("max", "min"):
             raise ValueError(f"Best: mode must be 'max' or 'min', got {self.mode!r}")
 
-    def select(self, epochs: Sequence[int], metrics: Mapping[int, Mapping[str, float]]) -> set[int]:
-        """The ``n`` epochs of ``epochs`` with the best ``name`` in ``metrics``."""
+    def select(self, records: Sequence[EpochRecord]) -> set[int]:
+        """The ``n`` epochs of ``records`` with the best ``name`` in their metrics."""
         sign = 1.0 if self.mode == "max" else -1.0
         ranked = sorted(
             (
-                (sign * value, e)
-                for e in epochs
-                if (value := metrics.get(e, {}).get(self.name)) is not None
-                and not math.isnan(value)
+                (sign * value, r.epoch)
+                for r in records
+                if (value := r.metrics.get(self.name)) is not None and not math.isnan(value)
             ),
             reverse=True,
         )
@@ -154,11 +179,25 @@ def kept(
         epochs: Committed epochs.
         metrics: For :class:`Best`: epoch -> {name: value}.
     """
-    ordered = sorted(set(epochs))
-    policies = normalize(keep)
+    found = metrics or {}
+    records = [EpochRecord(e, found.get(e, {})) for e in sorted(set(epochs))]
+    return kept_records(normalize(keep), records)
+
+
+def kept_records(policies: Sequence[Policy] | None, records: Sequence[EpochRecord]) -> set[int]:
+    """The epochs of ``records`` (oldest first) to keep: the policies', the newest, the unread.
+
+    Policies None keep every epoch. Otherwise the union of their selections is
+    kept, with the newest epoch and every epoch whose record could not be read.
+
+    Example:
+        >>> records = [EpochRecord(1), EpochRecord(2, readable=False), EpochRecord(3)]
+        >>> sorted(kept_records((Last(1),), records))
+        [2, 3]
+    """
     if policies is None:
-        return set(ordered)
-    result = set(ordered[-1:])
+        return {r.epoch for r in records}
+    result = {r.epoch for r in records[-1:]} | {r.epoch for r in records if not r.readable}
     for policy in policies:
-        result |= policy.select(ordered, metrics or {})
+        result |= policy.select(records)
     return result

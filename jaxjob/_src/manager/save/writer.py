@@ -7,7 +7,7 @@ committed checkpoint of the epoch aside; a problem is posted, not raised),
 failure anywhere, this save's problem anywhere) and :meth:`NodeWriter.start`
 (start the Orbax save, or give it up and put the old checkpoint back).
 Between the last two the processes exchange their posts: that is
-:func:`jaxjob._src.manager.save_round.save_round`, which runs one round over
+:func:`jaxjob._src.manager.save.save_round.save_round`, which runs one round over
 any number of writers with one exchange. :meth:`NodeWriter.finish` completes
 the save in flight. Failures are recorded in :attr:`NodeWriter.failures`.
 """
@@ -21,16 +21,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import orbax.checkpoint as ocp
 
-from jaxjob._src.base import fs, memory, preemption
+from jaxjob._src.base import memory, preemption
 from jaxjob._src.base.errors import CheckpointSaveError, as_save_error, with_earlier
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.checkpoint import manifest, run_identity, storage
+from jaxjob._src.checkpoint.io import CheckpointIO
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace, check_names
-from jaxjob._src.internals import orbax_private
-from jaxjob._src.manager import background_start, boundary, lock, retention
+from jaxjob._src.manager import lock, retention
 from jaxjob._src.manager.orbax_log import saving
 from jaxjob._src.manager.reader import NodeReader
 from jaxjob._src.manager.records import (
@@ -38,9 +37,15 @@ from jaxjob._src.manager.records import (
     SavePost,
     Stats,
 )
-from jaxjob._src.manager.save_plan import Pending, SavePlan, post_plan, prepare_prefix
+from jaxjob._src.manager.save import background_start, boundary
+from jaxjob._src.manager.save.save_plan import Pending, SavePlan, post_plan, prepare_prefix
+from jaxjob._src.manager.save.supersede import (
+    deleting_process,
+    move_aside,
+    put_back,
+    remove_superseded,
+)
 from jaxjob._src.manager.shared import CheckpointOptions
-from jaxjob._src.manager.supersede import deleting_process, move_aside, put_back, remove_superseded
 
 __all__ = ["NodeWriter", "SavePlan"]
 
@@ -80,19 +85,21 @@ class NodeWriter:
         self.reader = NodeReader(
             db_prefix,
             node_name,
-            private=self.private,
+            codec=storage.codec_for(self.private),
             host_map=options.host_map,
             committed=committed or (lambda: []),
         )
         self.failures: list[CheckpointSaveError] = []
         self._on_failure = on_failure or (lambda epoch: None)
         self.last: tuple[str, Stats] | None = None  # this node's last save action
-        self._saver: ocp.Checkpointer | None = None
+        self._io: CheckpointIO | None = None  # made by the first save (see io)
         self._pending: Pending | None = None
         self._lock: lock.Handle | None = None
         self._failed = retention.FailedSaves()
-        self._run: str | None = None  # the db_prefix's run id, read (or created) by the first save
-        self.tier = "persistent"  # "local" for a local-tier copy (its manifests say so)
+        # the run id its manifests record: the db_prefix's, read (or created) by the first save,
+        # unless set before (a local tier's copies record the persistent tier's run)
+        self.run: str | None = None
+        self._tier = "persistent"
         self.lineage: tuple[str | None, int | None] = (None, None)  # (life, resumed_from)
 
     @property
@@ -211,15 +218,15 @@ class NodeWriter:
 
     def _encode(self, plan: SavePlan, workspace: Mapping[str, Any], outputs: Mapping) -> None:
         """Builds the manifest and the leaves as stored, then moves the path aside."""
-        self._run = self._run or run_identity.ensure(self.db_prefix)
+        self.run = self.run or run_identity.ensure(self.db_prefix)
         found, flat = manifest.build(
             plan.epoch, self.node_name, Workspace(workspace), Workspace(outputs),
-            self.owner_process, run=self._run, tier=self.tier,
+            self.owner_process, run=self.run, tier=self.tier,
             life=self.lineage[0], resumed_from=self.lineage[1],
         )  # fmt: skip
         metrics = retention.metrics_of(self.required_outputs, outputs, workspace)
         plan.found = dataclasses.replace(found, metrics=metrics)
-        plan.encoded, plan.digests = storage.encode(plan.found, flat, self.private)
+        plan.encoded, plan.digests = storage.encode(plan.found, flat, self.io.codec)
         plan.bytes = storage.nbytes(plan.encoded)
         memory.check_room(plan.bytes, f"the save of epoch {plan.epoch} to {plan.path!r}")
         if not (self._lock and self._lock.holds()):  # a holder's prefix: checked with its lock
@@ -280,8 +287,8 @@ class NodeWriter:
         """Starts the Orbax save on this process; returns its failure, if any."""
         epoch, path, pending = plan.epoch, plan.path, plan.pending
         if self._pending is None:  # what Orbax still reports now is an earlier failed save's
-            self._drain_saver()
-        self._retry_failed()  # what earlier failed saves' threads left after them
+            self.io.drain_failed()
+        self.retry_failed()  # what earlier failed saves' threads left after them
         self.last = (path, Stats(epoch, plan.bytes))
         background = background_start.eligible(path, plan.bytes, async_save=self.options.async_save)
         deferred = preemption.DeferredInterrupt()
@@ -292,16 +299,17 @@ class NodeWriter:
                 if background:
                     pending.start = self._start_in_background(plan)
                 else:
-                    args = storage.save_args(plan.encoded, plan.found)
                     logger.debug("Saving epoch %d to %s", epoch, path)
-                    saver = self._get_saver()
+                    self.io.open()
                     with background_start.exclusive():  # not beside a small save's start
-                        pending.deadline = storage.start_bounded(saver, path, args, plan.bytes)
+                        pending.deadline = self.io.save_async(
+                            path, plan.encoded, plan.found, nbytes=plan.bytes
+                        )
         except Exception as err:
             self._pending = None
             saving.discard(path)
-            if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
-                self._drain_saver()
+            if not self.io.abandon_if_stuck(err):  # a silent store: cleaning up would wait again
+                self.io.drain_failed()
                 self._remove_failed(path)
                 put_back(path, pending.superseded)
             failure = self.record_failure(epoch, path, err)
@@ -317,34 +325,57 @@ class NodeWriter:
     def _start_in_background(self, plan: SavePlan) -> concurrent.futures.Future:
         """Copies the leaves, then starts their Orbax save on the worker thread; its future.
 
-        See :mod:`~jaxjob._src.manager.background_start`: :meth:`finish`
+        See :mod:`~jaxjob._src.manager.save.background_start`: :meth:`finish`
         reports a failure of the start like one of the write.
         """
-        storage.pass_copy_point(self.tier == "local")  # the copy is made here
+        io = self.io
+        io.pass_copy_point()  # the copy is made here
         detached = background_start.detach(plan.encoded)
-        saver, path, found, nbytes = self._get_saver(), plan.path, plan.found, plan.bytes
+        io.open()
+        path, found, nbytes = plan.path, plan.found, plan.bytes
 
         def start() -> None:
             try:
-                args = storage.save_args(detached, found)
                 logger.debug("Saving epoch %d to %s (worker thread)", plan.epoch, path)
-                with storage.copied():
-                    storage.start_bounded(saver, path, args, nbytes)
+                io.save_async(path, detached, found, nbytes=nbytes, copied=True)
             except Exception:
-                orbax_private.drain_failed_save(saver)
+                io.drain_failed()
                 raise
 
         return background_start.submit(start)
 
-    def _get_saver(self) -> ocp.Checkpointer:
-        if self._saver is None:
-            handler = storage.composite_handler(self.db_prefix, self.private)
-            handler.local = self.tier == "local"  # the fault kit kills a local save apart
-            timeout = self.options.write_timeout_s if self.options.async_save else None
-            self._saver = orbax_private.checkpointer(
-                self.db_prefix, handler, private=self.private, async_timeout_s=timeout
+    @property
+    def tier(self) -> str:
+        """``"persistent"``, or ``"local"`` for a local-tier copy (its manifests say so).
+
+        Set before the first save, which chooses the codec for good (see :attr:`io`).
+
+        Raises:
+            ValueError: If set to another tier after the first save.
+        """
+        return self._tier
+
+    @tier.setter
+    def tier(self, name: str) -> None:
+        if self._io is not None and name != self._io.tier:
+            raise ValueError(
+                f"node {self.node_name!r}'s writer saves to the {self._io.tier!r} tier since its "
+                f"first save; it cannot become a {name!r} tier's writer (set tier before saving)"
             )
-        return self._saver
+        self._tier = name
+
+    @property
+    def io(self) -> CheckpointIO:
+        """This node's I/O handle, made by its first save with the codec chosen once.
+
+        The codec follows ``private`` and ``tier`` (a local-tier copy's
+        saves also pass the ``local.save.*`` fail points), both set by then.
+        """
+        if self._io is None:
+            timeout = self.options.write_timeout_s if self.options.async_save else None
+            chosen = storage.codec_for(self.private, self.tier)
+            self._io = CheckpointIO(self.db_prefix, chosen, tier=self.tier, write_timeout_s=timeout)
+        return self._io
 
     def record_failure(
         self,
@@ -377,12 +408,9 @@ class NodeWriter:
             if pending.start is not None:  # started on the worker thread
                 with deferred:
                     pending.start.result()
-            if isinstance(self._saver, ocp.AsyncCheckpointer):
+            if self.io.asynchronous:
                 with deferred:  # Ctrl-C is raised once the save is done
-                    if pending.deadline is None:
-                        self._saver.wait_until_finished()
-                    else:  # on an object store
-                        storage.wait_bounded(self._saver, pending.db, pending.deadline)
+                    self.io.drain(pending.db, pending.deadline)  # bounded on an object store
             if pending.starting and not is_committed(pending.db):
                 raise RuntimeError(
                     f"a KeyboardInterrupt stopped the start of the save of epoch {pending.epoch}"
@@ -391,7 +419,7 @@ class NodeWriter:
         except Exception as err:
             self._pending = None
             saving.discard(pending.db)
-            if not self._abandon_saver(err):  # a silent store: cleaning up would wait again
+            if not self.io.abandon_if_stuck(err):  # a silent store: cleaning up would wait again
                 self._remove_failed(pending.db)
                 put_back(pending.db, pending.superseded)
             failure = self.record_failure(pending.epoch, pending.db, err)
@@ -410,32 +438,13 @@ class NodeWriter:
         deferred.raise_if_received()
         return None
 
-    def _abandon_saver(self, err: Exception) -> bool:
-        """After an object store stopped answering: drops the stuck Orbax saver; whether it did.
-
-        Its threads wait on the store and cannot be cancelled; the next save
-        makes a new saver, and the lock sweep removes what this one left.
-        """
-        if not isinstance(err, fs.StorageTimeoutError):
-            return False
-        self._saver = None
-        return True
-
-    def _drain_saver(self) -> None:
-        """Waits for what Orbax still runs for a save that failed as it started.
-
-        See :func:`~jaxjob._src.internals.orbax_private.drain_failed_save`.
-        """
-        if isinstance(self._saver, ocp.AsyncCheckpointer):
-            orbax_private.drain_failed_save(self._saver)
-
     def _remove_failed(self, path: str) -> None:
         """Removes what the failed save of ``path`` left (and drops its deferred checksums)."""
-        orbax_private.forget_checksums(path)  # the host copies its commit would hash
+        self.io.forget_failed(path)  # the host copies its commit would hash
         if self.deletes:
             self._failed.remove(path)
 
-    def _retry_failed(self) -> None:
+    def retry_failed(self) -> None:
         """Removes again what earlier failed saves left (their threads may have written more)."""
         if self.deletes:
             self._failed.retry(busy=self._pending.db if self._pending else None)
@@ -461,11 +470,10 @@ class NodeWriter:
         """
         if self._pending is not None and self._pending.start is not None:
             concurrent.futures.wait([self._pending.start])
-        if self._saver is not None:
-            self._saver.close()
-        self._saver = None
+        if self._io is not None:
+            self._io.close()
         if self._lock is not None:
-            self._retry_failed()
+            self.retry_failed()
         self.reader.close()
         if self._lock is not None:
             self._lock.release()

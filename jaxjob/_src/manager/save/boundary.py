@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from jaxjob._src.base.errors import CheckpointSaveError
-from jaxjob._src.checkpoint import codec
+from jaxjob._src.checkpoint.leaf_spec import UnstorableLeafError
 from jaxjob._src.manager.records import ProcessStats, SavePost, Stats, failed_processes
 from jaxjob._src.multihost import hosts
 
@@ -37,7 +37,7 @@ def conclude(
         at = posts[failed[0]].previous_at
         previous = record(at[0], at[1], text, failed, count=previous is None)
     problems, text = failed_processes([p.problem for p in posts])
-    if problems == me or isinstance(problem, codec.UnstorableLeafError):
+    if problems == me or isinstance(problem, UnstorableLeafError):
         return previous, problem  # a refused leaf is raised as it is wherever it is refused
     if problems:
         return previous, CheckpointSaveError(epoch, path, text, problems)

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from jaxjob._src.base import fs
-from jaxjob._src.manager.lock_record import Holder, Lost, encode, parse
+from jaxjob._src.manager.lock.holder import Holder, encode, parse
+from jaxjob._src.manager.lock.record import Change, Lost
 
 __all__ = ["RemoteRecord"]
 
@@ -54,9 +55,7 @@ class RemoteRecord:
         """The record as it stands (one GET); None if the object is gone."""
         return parse(self._call("a read", self._store.get)[0])
 
-    def change(
-        self, fn: Callable[[Holder | None], Holder | None], *, create: bool = False
-    ) -> Holder | None:
+    def change(self, fn: Change, *, create: bool = False) -> Holder | None:
         """Replaces the record by ``fn(record)`` if no one changed it meanwhile; returns it.
 
         ``fn`` returning its argument itself writes nothing; None deletes the

@@ -1,0 +1,241 @@
+"""How a save is committed: a durable rename on local disk, a commit file on object stores.
+
+Orbax exposes only the ``TemporaryPath`` class to change how a save is
+committed, and its implementations live in ``orbax.checkpoint._src.path``:
+
+* **Durable commit on local disk** (:class:`DurableRename`). Orbax's atomic
+  rename does not fsync the small metadata files nor the parent directory
+  after the rename, so a power loss right after a reported commit could lose
+  or tear the newest checkpoint. Since this commit flushes every file,
+  TensorStore's own fsync of each file it writes there is turned off
+  (:func:`jaxjob._src.internals.orbax_kvstore.skip_fsync_under`).
+* **Object stores** (:class:`TabledCommitFile`): Orbax's commit file
+  (``commit_success.txt``) instead of a rename, with the file table written
+  just before it.
+* **Checksum files at the commit**: the process that commits a local
+  directory writes its checksum files from its :class:`DurableRename`,
+  hashing while the commit flushes the data (:func:`defer_checksums`).
+* **Step metadata**: the commit time is written into Orbax's step metadata
+  file (:func:`step_metadata_file` says where it lies).
+
+Private Orbax names used here: ``atomicity`` (``AtomicRenameTemporaryPath``,
+``CommitFileTemporaryPath`` subclassed, their ``finalize`` re-implemented,
+``create`` overridden, ``_tmp_path``, ``_final_path``,
+``_checkpoint_metadata_store`` read; ``COMMIT_SUCCESS_FILE``),
+``atomicity_types.TMP_DIR_SUFFIX``, ``async_path.rename`` and
+``metadata.checkpoint`` (``step_metadata_file_path``, ``MetadataStore``'s
+``update`` and ``wait_until_finished``, ``StepMetadata.commit_timestamp_nsecs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+import orbax.checkpoint as ocp
+from etils import epath
+from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
+from orbax.checkpoint._src.path import async_path, atomicity, atomicity_types
+
+from jaxjob._src.base import faults, file_table, fs
+from jaxjob._src.internals import orbax_kvstore, orbax_version
+
+__all__ = [
+    "COMMIT_FILE",
+    "FILE_TABLE",
+    "DurableRename",
+    "TabledCommitFile",
+    "commit_file_options",
+    "commit_options",
+    "defer_checksums",
+    "forget_checksums",
+    "step_metadata_file",
+]
+
+orbax_version.check()
+
+COMMIT_FILE = atomicity.COMMIT_SUCCESS_FILE
+FILE_TABLE = file_table.CHECKPOINT_TABLE  # written by the commit, just before its marker
+
+# Checksum files that a DurableRename writes at its commit, by temporary directory: (the
+# folder, the PendingManifest). This process's leaves are hashed while the commit flushes
+# the written files, when the CPU waits on the disk; hashed while Orbax wrote, the hash took
+# CPU and memory bandwidth from the write (benchmarks/checksum_cost.py). A save that fails
+# before its commit leaves its entry, dropped by forget_checksums (and when the directory is
+# made again).
+_checksums_at_commit: dict[str, list[tuple[str, Any]]] = {}
+_checksums_lock = threading.Lock()
+
+
+def defer_checksums(directory: str, doc: Any) -> bool:
+    """Leaves ``doc`` 's checksum file to the commit flushing ``directory``; whether there is one.
+
+    Only a local :class:`DurableRename` that this process runs commits
+    there. Entries of saves that failed before their commit (their directory
+    is gone: removed as a failed save's leftovers) are dropped here too, with
+    the host copies they hold, should :func:`forget_checksums` not have been
+    called.
+    """
+    root = orbax_kvstore.commit_root(directory)
+    if root is None:
+        return False
+    with _checksums_lock:
+        for stale in [r for r in _checksums_at_commit if not os.path.isdir(r)]:
+            del _checksums_at_commit[stale]
+        _checksums_at_commit.setdefault(root, []).append((directory, doc))
+    return True
+
+
+def forget_checksums(path: str) -> None:
+    """Drops the checksums deferred to the commit of a save of ``path`` that failed.
+
+    They hold this process's host copies of what it wrote: released at the
+    failure, not at the next save (which would hold two sets at once).
+    """
+    prefix = os.fspath(path) + atomicity_types.TMP_DIR_SUFFIX
+    with _checksums_lock:
+        for root in [r for r in _checksums_at_commit if r.startswith(prefix)]:
+            del _checksums_at_commit[root]
+
+
+def _take_checksums(tmp: str) -> list[tuple[str, Any]]:
+    with _checksums_lock:
+        return _checksums_at_commit.pop(tmp, [])
+
+
+def _write_checksums(root: str, directory: str, doc: Any) -> None:
+    """Waits for this process's checksums and writes their file (flushed).
+
+    ``directory`` is where the item was written: under ``root``, in Orbax's
+    temporary folder of the item, which has its final name by the commit.
+    """
+    parts = os.path.relpath(directory, root).split(os.sep)
+    folder = os.path.join(root, *(p.split(atomicity_types.TMP_DIR_SUFFIX)[0] for p in parts))
+    name, text = doc.checksum_file()
+    fs.write_new(os.path.join(folder, name), text)
+
+
+class DurableRename(atomicity.AtomicRenameTemporaryPath):
+    """Orbax's atomic rename, with every file and the rename itself fsynced.
+
+    The files under the temporary directory are flushed before the rename,
+    and the parent directory after it, so a checkpoint that is visible under
+    its final name is on stable storage. They are flushed concurrently, all
+    at once (:func:`jaxjob._src.base.fs.fsync_tree`); so TensorStore, whose writes to
+    that directory are flushed then, does not fsync each file as it writes
+    it (:mod:`jaxjob._src.internals.orbax_kvstore`).
+    """
+
+    async def create(self) -> epath.Path:
+        """Creates the temporary directory; TensorStore's writes under it skip their fsyncs."""
+        orbax_kvstore.install()  # the kvstore spec that skips them
+        orbax_kvstore.skip_fsync_under(os.fspath(self._tmp_path))
+        _take_checksums(os.fspath(self._tmp_path))  # a failed save's, if any
+        return await super().create()
+
+    async def finalize(self) -> None:
+        """Writes the checksum and commit files, flushes everything, renames, flushes the parent."""
+        try:
+            await self._commit()
+        finally:
+            orbax_kvstore.fsync_again_under(os.fspath(self._tmp_path))
+            _take_checksums(os.fspath(self._tmp_path))
+
+    async def _commit(self) -> None:
+        await _update_commit_time(self._checkpoint_metadata_store, self._tmp_path)
+        tmp, final = os.fspath(self._tmp_path), os.fspath(self._final_path)
+        marker = f"Checkpoint commit was successful to {self._final_path}"
+        deferred = _take_checksums(tmp)
+        for _, doc in deferred:
+            doc.checksums.start()  # hashed while the written files are flushed
+        await asyncio.gather(
+            asyncio.to_thread(fs.fsync_tree, tmp),
+            *(asyncio.to_thread(_write_checksums, tmp, item, doc) for item, doc in deferred),
+        )
+        await asyncio.to_thread(_write_table, tmp, marker)
+        await asyncio.to_thread(fs.write_new, os.path.join(tmp, COMMIT_FILE), marker)
+        await asyncio.to_thread(fs.fsync_dir, tmp)
+        await asyncio.to_thread(fs.fsync_dir, os.path.dirname(os.path.join(tmp, FILE_TABLE)))
+        await async_path.rename(self._tmp_path, self._final_path)
+        try:
+            faults.point("save.after_rename")
+            await asyncio.to_thread(fs.fsync_dir, os.fspath(self._final_path.parent))
+        except BaseException:
+            await asyncio.to_thread(_uncommit, final, tmp)
+            raise
+
+
+class TabledCommitFile(atomicity.CommitFileTemporaryPath):
+    """Orbax's commit file on object stores, with the file table written just before it."""
+
+    async def finalize(self) -> None:
+        """Writes the file table, then the commit marker."""
+        await _update_commit_time(self._checkpoint_metadata_store, self._tmp_path)
+        final = os.fspath(self._final_path)
+        marker = f"Checkpoint commit was successful to {self._final_path}"
+        await asyncio.to_thread(_write_table, final, marker)
+        await asyncio.to_thread(fs.write_new, fs.join(final, COMMIT_FILE), marker)  # bounded
+
+
+async def _update_commit_time(store: Any, tmp_path: Any) -> None:
+    """Orbax's finalize step: the commit time into the step metadata (as Orbax's own commit)."""
+    if not store:
+        return
+    await asyncio.to_thread(store.wait_until_finished)
+    await asyncio.to_thread(
+        store.update,
+        file_path=checkpoint_metadata.step_metadata_file_path(tmp_path),
+        commit_timestamp_nsecs=time.time_ns(),
+    )
+    await asyncio.to_thread(store.wait_until_finished)
+
+
+def _write_table(directory: str, marker: str) -> None:
+    """The file table of a checkpoint about to commit, its marker's text included (flushed)."""
+    doc = file_table.table(directory)
+    file_table.write(directory, FILE_TABLE, doc, {COMMIT_FILE: marker})
+
+
+def _uncommit(final: str, tmp: str) -> None:
+    """Takes back a rename whose flush failed: the epoch must not stay committed.
+
+    The directory goes back to its temporary name (swept as a leftover); if
+    even that fails, its commit marker is removed.
+    """
+    try:
+        os.rename(final, tmp)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(final, COMMIT_FILE))
+
+
+def commit_file_options(path: str) -> ocp.options.AtomicityOptions | None:
+    """Orbax's commit-file atomicity for object stores (``path`` remote), else None.
+
+    Object stores cannot rename a directory: a checkpoint is written in place
+    and committed by its ``commit_success.txt``. The checkpointer and the
+    composite handler both need it, on save and on restore (which then
+    refuses a checkpoint without the marker).
+    """
+    if not fs.is_remote(path):
+        return None
+    return ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
+
+
+def commit_options(path: str) -> dict[str, Any]:
+    """How a checkpoint at ``path`` is committed (a checkpointer's keyword arguments)."""
+    if fs.is_remote(path):
+        return {
+            "atomicity_options": commit_file_options(path),
+            "temporary_path_class": TabledCommitFile,
+        }
+    return {"temporary_path_class": DurableRename}
+
+
+def step_metadata_file(path: str) -> str:
+    """The path of Orbax's step metadata file of the checkpoint at ``path`` (Orbax's private)."""
+    return os.fspath(checkpoint_metadata.step_metadata_file_path(epath.Path(path)))
