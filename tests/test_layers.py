@@ -241,3 +241,52 @@ def test_the_job_model_and_launch_import_no_orbax(code, absent):
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = set(json.loads(proc.stdout.splitlines()[-1]))
     assert loaded.isdisjoint(absent), sorted(loaded & set(absent))
+
+
+def _import_graph(sources):
+    """Module -> the _src modules it imports (TYPE_CHECKING and in-function imports included);
+    ``from package import name`` reaches the submodule ``package.name`` where there is one."""
+    graph = {}
+    for module, tree in sources.items():
+        targets = set()
+        for _, imported, names in _imports(tree):
+            inner = imported.removeprefix("jaxjob._src").lstrip(".")
+            if not imported.startswith("jaxjob._src"):
+                continue
+            for name in names:
+                sub = f"{inner}.{name}" if inner else name
+                targets.add(sub if sub in sources else inner)
+        graph[module] = targets - {module, ""}
+    return graph
+
+
+def _circle(graph):
+    """One import circle of ``graph`` (``["a", "b", "a"]``), or None."""
+    done, path = set(), []
+
+    def visit(module):
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done or module not in graph:
+            return None
+        path.append(module)
+        for target in sorted(graph[module]):
+            found = visit(target)
+            if found:
+                return found
+        path.pop()
+        done.add(module)
+        return None
+
+    return next(filter(None, map(visit, sorted(graph))), None)
+
+
+def test_the_circle_walk_finds_a_circle():
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_module_reaches_itself_through_its_imports():
+    """No import circle anywhere under _src, TYPE_CHECKING imports included."""
+    circle = _circle(_import_graph(SOURCES))
+    assert circle is None, "an import circle: " + " -> ".join(circle)

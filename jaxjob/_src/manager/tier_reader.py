@@ -8,7 +8,7 @@ it read) and merges the nodes' leaves into one workspace.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 
@@ -18,9 +18,28 @@ from jaxjob._src.core.workspace import Workspace
 
 if TYPE_CHECKING:
     from jaxjob._src.manager.save.writer import NodeWriter
-    from jaxjob._src.manager.tier import Tier
+    from jaxjob._src.manager.shared import CheckpointOptions
 
-__all__ = ["TierReader"]
+__all__ = ["ReadTier", "TierReader"]
+
+
+class ReadTier(Protocol):
+    """What a :class:`TierReader` reads of its tier (:class:`~jaxjob._src.manager.tier.Tier`)."""
+
+    db_prefix: str
+    path_prefix: str | None
+    keyed: bool
+    options: CheckpointOptions
+    key_nodes: dict[str, str]
+
+    @property
+    def writers(self) -> list[NodeWriter]:
+        """Its node writers, in node order."""
+        ...
+
+    def loading(self) -> None:
+        """Marks the tier's last action a load (its stats are then exchanged)."""
+        ...
 
 
 class TierReader:
@@ -30,7 +49,7 @@ class TierReader:
         tier: The tier whose node writers' readers it reads through.
     """
 
-    def __init__(self, tier: Tier) -> None:
+    def __init__(self, tier: ReadTier) -> None:
         self.tier = tier
 
     @property
