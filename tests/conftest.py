@@ -61,6 +61,7 @@ from cloud_servers import (  # noqa: E402,F401  (session fixtures: real local ob
     s3_bucket,
     s3_prefix,
 )
+from long_tier import LONG_TESTS  # noqa: E402
 
 # module -> its expensive module-scoped fixture; tests using it share one xdist worker (one
 # group per fixture parameter, e.g. the 1- and 2-process references of test_testing.py).
@@ -85,85 +86,6 @@ _LONG_MODULES = (
     "test_hosts.py",
     "test_multiprocess.py",
     "test_exactly_once.py",
-)
-
-
-# The `long` tier: end-to-end runs of about 10 s or more on a quiet 2-core machine (several child
-# processes, object-store servers, whole examples and notebooks). The default tier leaves them
-# out to stay under 5 minutes; `.ci/run` runs them as its own step
-# (`python -m pytest -q -m long tests`), so CI still runs every one of them.
-LONG_TESTS = frozenset(
-    (
-        "tests/cli/test_commands.py::test_verify_gives_the_python_verdict_on_another_runs_epoch",
-        "tests/manager/test_keep.py::test_killed_during_deletion_resumes_exactly_and_finishes_retention",
-        "tests/manager/test_lock.py::test_second_process_fails_then_takes_over_once_the_holder_is_killed",
-        "tests/manager/test_lock_record.py::test_processes_racing_for_a_lapsed_lease_have_one_winner[gcs-3-rounds]",
-        "tests/manager/test_lock_record.py::test_processes_racing_for_a_lapsed_lease_have_one_winner[s3-3-rounds]",
-        "tests/multihost/test_hosts.py::test_a_dead_peer_outside_launch_is_named_at_the_next_wait_not_an_abort",
-        "tests/multihost/test_hosts.py::test_timeout_names_the_process_that_never_arrived",
-        "tests/multihost/test_launch.py::test_every_jaxjob_log_line_names_its_process",
-        "tests/run/test_restart.py::test_saved_shardings_go_to_their_own_leaves_and_a_changed_mesh_is_traced",
-        "tests/run/test_status.py::test_resuming_finished_and_a_lower_limit_each_say_so_without_logging_set_up",
-        "tests/run/test_status.py::test_with_logging_configured_each_line_shows_once_through_its_handlers",
-        "tests/scenarios/test_cloud.py::test_bucket_checkpoint_without_commit_marker_is_never_listed_or_loaded[s3]",
-        "tests/scenarios/test_cloud.py::test_cli_lists_a_bucket[s3]",
-        "tests/scenarios/test_cloud.py::test_job_on_a_bucket_ends_bitwise_equal_to_local_disk[gcs]",
-        "tests/scenarios/test_cloud.py::test_job_on_a_bucket_ends_bitwise_equal_to_local_disk[s3]",
-        "tests/scenarios/test_digits_example.py::test_digits_on_two_processes_matches_one_process",
-        "tests/scenarios/test_digits_example.py::test_digits_trains_resumes_and_continues",
-        "tests/scenarios/test_disk_full.py::test_disk_full_keeps_older_epochs_and_a_later_run_resumes",
-        "tests/scenarios/test_disk_full.py::test_temporaries_of_a_killed_save_are_removed_by_the_next_writer",
-        "tests/scenarios/test_durability.py::test_commit_fsyncs_every_file_then_renames_then_fsyncs_the_parent[False]",
-        "tests/scenarios/test_durability.py::test_commit_fsyncs_every_file_then_renames_then_fsyncs_the_parent[True]",
-        "tests/scenarios/test_exactly_once.py::test_a_per_process_loader_on_another_process_count_raises",
-        "tests/scenarios/test_exactly_once.py::test_an_index_cursor_is_split_over_each_new_process_count",
-        "tests/scenarios/test_exactly_once.py::test_killed_and_resumed_job_reads_each_sample_once[grain-2]",
-        "tests/scenarios/test_exactness.py::test_sigkill_then_restart_is_bitwise_exact[how0]",
-        "tests/scenarios/test_exactness.py::test_sigkill_then_restart_is_bitwise_exact[how1]",
-        "tests/scenarios/test_examples.py::test_grain_pipeline_killed_mid_run_resumes_exactly",
-        "tests/scenarios/test_examples.py::test_multiprocess_example_under_launch_resumes_after_a_kill_and_then_is_finished",
-        "tests/scenarios/test_examples.py::test_nnx_lm_preempted_resumes_and_evaluates_from_its_parameters",
-        "tests/scenarios/test_faults_bounded.py::test_silent_s3_endpoint_fails_the_save_within_the_bound[raise]",
-        "tests/scenarios/test_faults_bounded.py::test_silent_s3_endpoint_fails_the_save_within_the_bound[warn]",
-        "tests/scenarios/test_faults_bounded.py::test_store_silent_after_the_lock_fails_the_save_within_the_bound[raise-True]",
-        "tests/scenarios/test_faults_bounded.py::test_store_silent_after_the_lock_fails_the_save_within_the_bound[warn-False]",
-        "tests/scenarios/test_faults_bounded.py::test_store_silent_after_the_lock_fails_the_save_within_the_bound[warn-True]",
-        "tests/scenarios/test_host_tasks.py::test_killed_in_a_random_epoch_resumes_exactly[grain]",
-        "tests/scenarios/test_lineage.py::test_processes_never_resume_local_copies_of_two_lives",
-        "tests/scenarios/test_multiprocess.py::test_a_load_of_another_process_node_keeps_the_processes_in_step",
-        "tests/scenarios/test_multiprocess.py::test_a_private_node_on_one_process_leaves_the_shared_saves_in_step",
-        "tests/scenarios/test_multiprocess.py::test_a_saved_epoch_costs_one_exchange_more_than_an_unsaved_one[multi]",
-        "tests/scenarios/test_multiprocess.py::test_a_saved_epoch_costs_one_exchange_more_than_an_unsaved_one[single]",
-        "tests/scenarios/test_multiprocess.py::test_each_process_saves_its_own_node",
-        "tests/scenarios/test_multiprocess.py::test_multi_node_manager_on_two_processes",
-        "tests/scenarios/test_multiprocess.py::test_processes_disagreeing_on_a_leaf_fail_the_save_on_every_process",
-        "tests/scenarios/test_multiprocess.py::test_two_processes_train_checkpoint_and_resume",
-        "tests/scenarios/test_multiprocess_faults.py::test_access_denied_on_one_process_fails_that_save_on_every_process",
-        "tests/scenarios/test_multiprocess_faults.py::test_metadata_enospc_raises_on_every_process",
-        "tests/scenarios/test_multiprocess_faults.py::test_peer_that_never_arrives_times_out_naming_it",
-        "tests/scenarios/test_multiprocess_faults.py::test_per_process_stats_show_which_process_dominated",
-        "tests/scenarios/test_multiprocess_faults.py::test_restore_two_by_four_on_other_topologies",
-        "tests/scenarios/test_multiprocess_faults.py::test_save_failing_on_one_process_is_logged_by_every_process",
-        "tests/scenarios/test_multiprocess_faults.py::test_save_failing_on_one_process_raises_on_every_process",
-        "tests/scenarios/test_multiprocess_faults.py::test_sigkill_mid_epoch_then_relaunch_ends_exactly_as_uninterrupted",
-        "tests/scenarios/test_notebooks.py::test_eval_notebook_restores_a_4_device_run_into_nnx_on_2_devices",
-        "tests/scenarios/test_notebooks.py::test_quickstart_trains_reruns_continues_restores_and_plots",
-        "tests/scenarios/test_preemption.py::test_sigterm_to_one_process_stops_both_after_the_same_epoch",
-        "tests/scenarios/test_store_faults.py::test_a_store_name_that_does_not_resolve_is_a_storage_error",
-        "tests/scenarios/test_store_faults.py::test_a_store_that_stops_answering_does_not_hold_the_exit[s3]",
-        "tests/scenarios/test_store_faults.py::test_every_store_error_goes_to_the_save_policy[refused]",
-        "tests/scenarios/test_two_tiers.py::test_a_flipped_byte_in_local_7_resumes_from_local_6_bitwise",
-        "tests/scenarios/test_two_tiers.py::test_a_wiped_local_tier_resumes_from_the_persistent_tier_bitwise",
-        "tests/scenarios/test_two_tiers.py::test_another_device_count_resumes_from_the_persistent_tier",
-        "tests/scenarios/test_two_tiers.py::test_kill_resumes_from_the_local_tier_bitwise",
-        "tests/scenarios/test_two_tiers.py::test_killed_during_a_local_or_a_persistent_save_resumes_bitwise[save.write:2]",
-        "tests/scenarios/test_two_tiers.py::test_persistent_tier_on_s3_with_the_local_tier_on_a_tmpfs",
-        "tests/scenarios/test_two_tiers.py::test_two_processes_resume_from_one_epoch_of_one_tier",
-        "tests/test_benchmarks_quick.py::test_tiny_rows_quick",
-        "tests/testing/test_testing.py::test_every_phase_then_random_kills_resume_exactly[1-process]",
-        "tests/testing/test_testing.py::test_every_phase_then_random_kills_resume_exactly[2-processes]",
-        "tests/testing/test_testing.py::test_rerunning_a_finished_job_ends_exactly[2-processes]",
-    )
 )
 
 

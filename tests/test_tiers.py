@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-import conftest
+import long_tier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +32,7 @@ def test_every_long_test_is_collected_and_marked():
     )
     assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
     collected = {line.split("@")[0] for line in listed.stdout.splitlines() if "::" in line}
-    assert collected == set(conftest.LONG_TESTS), (
-        f"in LONG_TESTS but not collected: {sorted(set(conftest.LONG_TESTS) - collected)}; "
-        f"marked long but not listed: {sorted(collected - set(conftest.LONG_TESTS))}"
+    assert collected == set(long_tier.LONG_TESTS), (
+        f"in LONG_TESTS but not collected: {sorted(set(long_tier.LONG_TESTS) - collected)}; "
+        f"marked long but not listed: {sorted(collected - set(long_tier.LONG_TESTS))}"
     )
