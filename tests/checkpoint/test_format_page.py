@@ -14,6 +14,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_layers import _circle  # the one import-graph walk of the suite
 
 import jaxjob
 
@@ -529,38 +530,11 @@ def _graph():
     return graph
 
 
-def _cycle(graph):
-    """One import circle of ``graph`` (``["codec", "hostlocal", "codec"]``), or None."""
-    done, path = set(), []
-
-    def visit(module):
-        if module in path:
-            return [*path[path.index(module) :], module]
-        if module in done or module not in graph:
-            return None
-        path.append(module)
-        for target in sorted(graph[module]):
-            found = visit(target)
-            if found:
-                return found
-        path.pop()
-        done.add(module)
-        return None
-
-    return next(filter(None, map(visit, sorted(graph))), None)
-
-
-def test_the_import_graph_walk_finds_a_circle():
-    """The walk that checks the package finds a circle where there is one."""
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
-
-
 def test_the_checkpoint_package_has_no_import_circle():
     """No module of checkpoint/ reaches itself through its imports, TYPE_CHECKING ones included."""
     graph = _graph()
     assert {"codec", "hostlocal", "schema", "manifest", "leaf_spec", "tree"} <= set(graph)
-    circle = _cycle(graph)
+    circle = _circle(graph)
     assert circle is None, f"an import circle in jaxjob/_src/checkpoint: {' -> '.join(circle)}"
 
 
