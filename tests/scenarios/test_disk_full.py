@@ -133,6 +133,37 @@ def test_what_a_failed_save_left_after_its_removal_goes_at_the_next_save_and_at_
     assert ckpt.committed_epochs() == [0, 2]
 
 
+def test_a_save_failing_as_it_starts_makes_no_directory_after_its_removal(tmp_path, monkeypatch):
+    """A save that fails inside Orbax's start (its ``save.copy`` fail point, a 20 MiB save that
+    starts on the training thread) while its temporary directory is still being made: the
+    directory is made before the failure is raised and removed with it, so nothing appears
+    later. Made in a thread of Orbax's own, it appeared after ``close()`` (``local.7.orbax-
+    checkpoint-tmp`` on a full tmpfs under load); the making is slowed here to show it."""
+    import time
+
+    import jax.numpy as jnp
+
+    from jaxjob._src.internals import orbax_commit
+
+    create = orbax_commit.DurableRename.create
+
+    async def slow_create(self):
+        time.sleep(0.5)  # a busy machine: the directory is made late
+        return await create(self)
+
+    monkeypatch.setattr(orbax_commit.DurableRename, "create", slow_create)
+    monkeypatch.setenv(faults.FAIL_AT_ENV, "save.copy:2")  # the save of epoch 1 fails
+    ws = {"w": jnp.zeros(5 << 20, jnp.float32)}  # 20 MiB: over the small saves' 16 MiB
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, ws)
+    with pytest.raises(jaxjob.CheckpointSaveError, match="epoch 1 .*injected I/O error"):
+        ckpt.save(1, ws)
+    ckpt.close()
+    time.sleep(1.5)  # a thread still making the directory would have made it by now
+    assert _listing(tmp_path, history=False) == ["local.0"]
+    assert ckpt.committed_epochs() == [0]
+
+
 def test_a_failed_write_surfaces_once_the_saves_other_writes_are_done(tmp_path, monkeypatch):
     """An injected write failure while a 32 MiB leaf is still being written: the failure
     surfaces only once every write of that save is done, so the removal of its temporary

@@ -29,7 +29,6 @@ from jaxjob._src.internals import (
 
 __all__ = [
     "checkpointer",
-    "directories_created_asynchronously",
     "directory_options",
     "drain_failed_save",
     "install",
@@ -54,23 +53,22 @@ def install() -> None:
     orbax_reads.install()
 
 
-def directories_created_asynchronously() -> bool:
-    """Whether Orbax creates a save's directories in the background: in a 1-process job only.
-
-    Orbax keys the signals of asynchronous directory creation in the job-wide
-    key-value store by a per-process count of saves (of every checkpointer),
-    which differs between processes as soon as one saves what another does not
-    (a node of its own, a private save): a process then reads another save's
-    signals, or none, and writes before the primary host has created the
-    directories. In a multi-process job, checkpointers and their composite
-    handlers create them before the save returns, behind Orbax's barrier.
-    """
-    return jax.process_count() == 1
-
-
 def directory_options() -> ocp.AsyncOptions:
-    """A composite handler's ``async_options``: see :func:`directories_created_asynchronously`."""
-    return ocp.AsyncOptions(create_directories_asynchronously=directories_created_asynchronously())
+    """A composite handler's ``async_options``: its item directories made before its save returns.
+
+    Orbax can make a save's directories in a thread of its own
+    (``create_directories_asynchronously``), but that thread belongs to no
+    commit until the save has started: when the save then fails as it starts
+    (a fail point, a full disk), nothing waits for the thread, and it may make
+    the temporary directory again after jaxjob removed it (a full tmpfs once
+    left ``local.7.orbax-checkpoint-tmp`` so, under load). In a multi-process
+    job the asynchronous mode is not safe at all: Orbax keys its signals in the
+    job-wide key-value store by a per-process count of saves, which differs
+    between processes as soon as one saves what another does not. So every
+    checkpointer and composite handler makes them before its save returns (a
+    few milliseconds, not measurable in the blocked time: ``benchmarks/README.md``).
+    """
+    return ocp.AsyncOptions(create_directories_asynchronously=False)
 
 
 def private_options() -> ocp.options.MultiprocessingOptions:
@@ -110,21 +108,21 @@ def checkpointer(
     shared = not private and jax.process_count() > 1  # its barriers end on a failed write
     options = ocp.AsyncOptions(
         timeout_secs=max(1, round(async_timeout_s)),
-        create_directories_asynchronously=directories_created_asynchronously(),
+        create_directories_asynchronously=False,  # see directory_options
         barrier_sync_fn=commit_barrier.wait if shared else None,
     )
     return ocp.AsyncCheckpointer(handler, async_options=options, **kwargs)
 
 
 def drain_failed_save(saver: ocp.AsyncCheckpointer) -> None:
-    """Waits for what Orbax runs in the background for a save that failed as it started.
+    """Waits for what Orbax still runs in the background for a save that failed as it started.
 
-    Orbax creates a save's directory and writes its metadata in a thread of its own
-    (``create_directories_asynchronously``); when the save then fails as it starts, that
-    thread is not part of any commit, and its write may fail on the directory jaxjob removes.
-    Orbax keeps that error and raises it at the next save, as the next epoch's failure. So the
-    failed save and the next one each wait first (a thread still running then is not waited
-    for: Orbax gives no handle to it). The error belongs to the failed save, whose failure is
+    Orbax's checkpoint metadata store writes a save's ``_CHECKPOINT_METADATA``
+    in a thread of its own as it makes the save's directory; when the save then
+    fails as it starts, that write is not part of any commit, and it may fail on
+    the directory jaxjob removes. Orbax keeps that error and raises it at the
+    next save, as the next epoch's failure. So the failed save and the next one
+    each wait first. The error belongs to the failed save, whose failure is
     recorded already: it is logged at DEBUG.
     """
     try:
