@@ -84,7 +84,7 @@ READER = textwrap.dedent(
 
 # jaxjob replaces Orbax's per-read loop runner, which Orbax has from 0.12.5 on; before that each
 # read goes through asyncio.run, which jaxjob leaves alone: the noise stays (the restores are
-# right), a known limit of the lowest supported releases (0.12.3, 0.12.4).
+# right), a known limit of the lowest supported releases (0.12.1 to 0.12.4).
 @pytest.mark.skipif(
     not hasattr(asyncio_utils, "_run_sync_via_new_loop"),
     reason="Orbax < 0.12.5 reads through asyncio.run, which jaxjob does not replace",

@@ -9,8 +9,9 @@ moves one fails here, naming it and its users, instead of wherever it is first u
 without a row (an import, a ``self._x`` of an Orbax subclass, an override, a replaced function,
 a duplicated file name) fails too.
 
-Rows hold for every release in pyproject.toml's ranges (orbax-checkpoint 0.12.3-0.12.x, jax
-0.8-0.10; 0.12.0-0.12.2 lack ``ocp.options.AtomicityOptions``, which object stores need). Where
+Rows hold for every release in pyproject.toml's ranges (orbax-checkpoint 0.12.1-0.12.x, jax
+0.8-0.10; 0.12.1-0.12.2 lack ``ocp.options.AtomicityOptions``: the ``AtomicityOptions`` row, and
+``orbax_commit.composite_commit_options`` chooses the commit-file class there instead). Where
 a name differs between them, its row says so, naming the release: ``before`` gives where (or
 that) the name is in older releases, and ``sha`` the releases each reviewed code hash is from.
 """
@@ -84,6 +85,7 @@ SER, TSU = "orbax.checkpoint._src.serialization.serialization", "orbax.checkpoin
 PROCESS, LOOPS = "orbax.checkpoint._src.serialization.ocdbt_process_spec", "orbax.checkpoint._src.asyncio_utils"  # noqa: E501
 NUMPY, INFO = "orbax.checkpoint:type_handlers.NumpyHandler", "orbax.checkpoint:type_handlers.ParamInfo"  # noqa: E501
 JSON, COMPOSITE = "orbax.checkpoint:JsonCheckpointHandler", "orbax.checkpoint:CompositeCheckpointHandler"  # noqa: E501
+COMPOSITE_OPTIONS = "orbax.checkpoint:CompositeOptions"
 DISTRIBUTED, CLIENT = "jax._src.distributed", "jax._src.lib:_jax.DistributedRuntimeClient"
 CORE = "jax.extend.core"
 TMP_ATTRS = ("_tmp_path", "_final_path", "_checkpoint_metadata_store")
@@ -95,10 +97,18 @@ FENCE = [
         (OC, FT, LAYOUT, NAMES, FILES), value="commit_success.txt"),
     Use(RENAME, BASE, "DurableRename: every file and the rename fsynced", (OC,)),
     Use(f"{RENAME}.create", OVERRIDE, "marks the directory flushed at the commit", (OC,)),
-    Use(f"{RENAME}.finalize", OVERRIDE, "re-implemented: table, fsyncs, marker, rename", (OC,),
-        sha=(("bdf4911434ad1211", "0.12.3+"),)),
+    Use(f"{RENAME}.finalize", OVERRIDE, "re-implemented: table, fsyncs, marker, rename; "
+        "MarkedRename (0.12.1-0.12.2): the item marker, then Orbax's", (OC,),
+        sha=(("64ab5f71442deb68", "0.12.1-0.12.2: no item marker: MarkedRename"),
+             ("bdf4911434ad1211", "0.12.3+"))),
     *(Use(f"{RENAME}.{a}", ATTRIBUTE, "read by DurableRename's commit", (OC,)) for a in TMP_ATTRS),
     Use(COMMIT, BASE, "TabledCommitFile: the file table before the marker", (OC,)),
+    # public, but only from 0.12.3: before it orbax_commit chooses the commit-file class itself
+    Use("orbax.checkpoint:options.AtomicityOptions", CLASS, "commit-file mode on object stores",
+        (OC,), before=(("0.12.3", None),)),
+    Use(f"{COMPOSITE_OPTIONS}.atomicity_options", FIELD, "the items' commit on object stores",
+        (OC,), before=(("0.12.3", None),)),
+    Use(f"{COMPOSITE_OPTIONS}.temporary_path_class", FIELD, "the same in 0.12.1-0.12.2", (OC,)),
     Use(f"{COMMIT}.finalize", OVERRIDE, "re-implemented: file table, then marker", (OC,),
         sha=(("4d0ce4555d115297", "0.12.3+"),)),
     *(Use(f"{COMMIT}.{a}", ATTRIBUTE, "read by TabledCommitFile's commit", (OC,)) for a in TMP_ATTRS),  # noqa: E501
@@ -107,7 +117,8 @@ FENCE = [
         value=".orbax-checkpoint-tmp"),
     Use(ASYNC, MODULE, "Orbax's async file operations", (OC, OH)),
     Use(f"{ASYNC}:rename", FUNCTION, "the commit's rename", (OC,), params=("src", "dst")),
-    Use(f"{ASYNC}:write_text", FUNCTION, "a checksum file", (OH,), params=("path", "text")),
+    Use(f"{ASYNC}:write_text", FUNCTION, "a checksum file; MarkedRename's marker", (OH, OC),
+        params=("path", "text")),
     # step metadata (start and commit times) and the other files Orbax names
     Use(STEP, MODULE, "the step metadata file", (OC,)),
     Use(f"{STEP}:step_metadata_file_path", FUNCTION, "where the commit time is", (OC,),
@@ -124,7 +135,8 @@ FENCE = [
     Use(f"{FORMAT}:PYTREE_METADATA_FILE", NAME, "an Orbax file (file table, reserved names)",
         (FT, NAMES), value="_METADATA"),
     Use(f"{FORMAT}:OCDBT_MANIFEST_FILE", NAME, "an OCDBT database's root file",
-        (FT, NAMES, CHECKSUM), value="manifest.ocdbt"),
+        (FT, NAMES, CHECKSUM), value="manifest.ocdbt",
+        before=(("0.12.2", f"{FORMAT}:_OCDBT_MANIFEST_FILE"),)),
     Use(f"{PROCESS}:PROCESS_PREFIX", NAME, "a process's OCDBT database (damaged leaf's files)",
         (CHECKSUM,), value="ocdbt.process_",
         before=(("0.12.5", f"{TSU}:PROCESS_SUBDIR_PREFIX"),)),
@@ -145,19 +157,22 @@ FENCE = [
     Use(SER, MODULE, "Orbax's shard reader", (OR,)),
     Use(f"{SER}:_read_shard", REPLACED, "copied: restore_buffers.read_shard, aligned", (OR, RB),
         params=("t", "new_shard_shape", "dtype", "requested_domain", "restricted_domain"),
-        sha=(("f36e73bdeac2cc4e", "0.12.3+"),)),
+        sha=(("ab414eae47d50d1c", "0.12.1-0.12.2: casts on the loop; same values"),
+             ("f36e73bdeac2cc4e", "0.12.3+"))),
     # Orbax's per-call event loops: closed only once no read is left in flight
     Use(LOOPS, MODULE, "Orbax's synchronous runs of its coroutines", (OR,)),
     Use(f"{LOOPS}:_run_sync_via_new_loop", REPLACED, "copied: _run_to_the_end, idle first",
         (OR,), params=("coro",), sha=(("f2142da66adf46fd", "0.12.5+"),),
-        before=(("0.12.5", None),)),  # 0.12.0-0.12.4: asyncio.run, nothing to replace
+        before=(("0.12.5", None),)),  # 0.12.1-0.12.4: asyncio.run, nothing to replace
     # handlers: checksum files (ManifestHandler), private saves, the save's fail points
     Use(JSON, BASE, "ManifestHandler", (OH,)),
     Use(f"{JSON}._save_fn", OVERRIDE, "each process's checksum file", (OH,),
         params=("x", "directory")),
     Use(NUMPY, BASE, "_ThisProcessNumpyHandler: written by the calling process", (OH,)),
     Use(f"{NUMPY}._background_serialize", OVERRIDE, "re-implemented: this process writes", (OH,),
-        params=("values", "infos", "args"), sha=(("db21e147ebfa1843", "0.12.3+"),)),
+        params=("values", "infos", "args"),
+        sha=(("3742e381ff136d47", "0.12.1-0.12.2: a plain gather, as jaxjob's"),
+             ("db21e147ebfa1843", "0.12.3+"))),
     Use(f"{NUMPY}._metadata_key", ATTRIBUTE, "passed to build_array_write_spec", (OH,)),
     Use(f"{NUMPY}._open_and_write", METHOD, "writes one array", (OH,),
         params=("value", "tspec", "ts_context")),
@@ -555,3 +570,13 @@ def test_each_orbax_module_names_its_private_uses_in_its_docstring(module):
         use.dotted for use in FENCE if module in use.users and not _docstring_names(use, doc)
     ]
     assert not missing, f"jaxjob/{module}'s docstring does not name {missing} (its FENCE rows)"
+
+
+def test_the_release_check_says_what_the_installed_orbax_has():
+    """``orbax_version.has_atomicity_options`` (which chooses how object-store items commit)
+    agrees with the installed Orbax: 0.12.1-0.12.2 have no ``AtomicityOptions``, 0.12.3+ do."""
+    import orbax.checkpoint as ocp
+
+    from jaxjob._src.internals import orbax_version
+
+    assert orbax_version.has_atomicity_options() == hasattr(ocp.options, "AtomicityOptions")

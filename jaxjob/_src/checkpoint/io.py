@@ -102,7 +102,6 @@ def composite_handler(
     ``local``: a local-tier copy's (its fail points). :class:`CheckpointIO` makes it;
     a benchmark gives it to a plain Orbax checkpointer.
     """
-    atomicity = orbax_commit.commit_file_options(path)
     alone = private and jax.process_count() > 1
     options = orbax_checkpointer.private_options() if alone else None
     registry = orbax_handlers.private_registry() if alone else None
@@ -120,7 +119,7 @@ def composite_handler(
     handler = orbax_handlers.CompositeHandler(
         composite_options=ocp.CompositeOptions(
             **only_me,
-            atomicity_options=atomicity,
+            **orbax_commit.composite_commit_options(path),
             async_options=orbax_checkpointer.directory_options(),
         ),
         **{

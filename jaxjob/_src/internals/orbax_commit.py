@@ -17,12 +17,19 @@ committed, and its implementations live in ``orbax.checkpoint._src.path``:
   hashing while the commit flushes the data (:func:`defer_checksums`).
 * **Step metadata**: the commit time is written into Orbax's step metadata
   file (:func:`step_metadata_file` says where it lies).
+* **Orbax releases**: commit-file mode is Orbax's ``AtomicityOptions`` from
+  0.12.3 on (the checkpointer's ``atomicity_options`` and the composite
+  handler's ``CompositeOptions.atomicity_options``); 0.12.1-0.12.2 have
+  neither, and the composite handler is given the class that mode chooses
+  (``CompositeOptions.temporary_path_class``, :func:`composite_commit_options`);
+  on local disk their item directories get the commit marker that later
+  releases write (:class:`MarkedRename`).
 
 Private Orbax names used here: ``atomicity`` (``AtomicRenameTemporaryPath``,
 ``CommitFileTemporaryPath`` subclassed, their ``finalize`` re-implemented,
 ``create`` overridden, ``_tmp_path``, ``_final_path``,
 ``_checkpoint_metadata_store`` read; ``COMMIT_SUCCESS_FILE``),
-``atomicity_types.TMP_DIR_SUFFIX``, ``async_path.rename`` and
+``atomicity_types.TMP_DIR_SUFFIX``, ``async_path.rename`` and ``write_text``, and
 ``metadata.checkpoint`` (``step_metadata_file_path``, ``MetadataStore``'s
 ``update`` and ``wait_until_finished``, ``StepMetadata.commit_timestamp_nsecs``).
 """
@@ -48,9 +55,11 @@ __all__ = [
     "COMMIT_FILE",
     "FILE_TABLE",
     "DurableRename",
+    "MarkedRename",
     "TabledCommitFile",
     "commit_file_options",
     "commit_options",
+    "composite_commit_options",
     "defer_checksums",
     "forget_checksums",
     "step_metadata_file",
@@ -169,6 +178,22 @@ class DurableRename(atomicity.AtomicRenameTemporaryPath):
             raise
 
 
+class MarkedRename(atomicity.AtomicRenameTemporaryPath):
+    """An item directory's rename in Orbax 0.12.1-0.12.2, with the commit marker of later releases.
+
+    From 0.12.3 on, Orbax's atomic rename writes ``commit_success.txt`` into
+    each item directory before renaming it; the releases before write none.
+    This writes it as they do, so a checkpoint's files are the same whichever
+    release wrote it (``checkpoint/FORMAT.md``).
+    """
+
+    async def finalize(self) -> None:
+        """Writes the item's commit marker, then renames the directory (Orbax's)."""
+        marker = f"Checkpoint commit was successful to {self._final_path}"
+        await async_path.write_text(self._tmp_path / COMMIT_FILE, marker)
+        await super().finalize()
+
+
 class TabledCommitFile(atomicity.CommitFileTemporaryPath):
     """Orbax's commit file on object stores, with the file table written just before it."""
 
@@ -213,27 +238,49 @@ def _uncommit(final: str, tmp: str) -> None:
             os.remove(os.path.join(final, COMMIT_FILE))
 
 
-def commit_file_options(path: str) -> ocp.options.AtomicityOptions | None:
+def commit_file_options(path: str) -> Any:
     """Orbax's commit-file atomicity for object stores (``path`` remote), else None.
 
     Object stores cannot rename a directory: a checkpoint is written in place
     and committed by its ``commit_success.txt``. The checkpointer and the
     composite handler both need it, on save and on restore (which then
-    refuses a checkpoint without the marker).
+    refuses a checkpoint without the marker). None also in Orbax 0.12.1-0.12.2,
+    which have no ``ocp.options.AtomicityOptions``: there :func:`commit_options`
+    and :func:`composite_commit_options` choose the commit-file classes
+    directly, and jaxjob's own check of the marker refuses an uncommitted
+    checkpoint on restore.
     """
-    if not fs.is_remote(path):
+    if not fs.is_remote(path) or not orbax_version.has_atomicity_options():
         return None
     return ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
 
 
 def commit_options(path: str) -> dict[str, Any]:
     """How a checkpoint at ``path`` is committed (a checkpointer's keyword arguments)."""
-    if fs.is_remote(path):
-        return {
-            "atomicity_options": commit_file_options(path),
-            "temporary_path_class": TabledCommitFile,
-        }
-    return {"temporary_path_class": DurableRename}
+    if not fs.is_remote(path):
+        return {"temporary_path_class": DurableRename}
+    options = {"temporary_path_class": TabledCommitFile}
+    atomicity_options = commit_file_options(path)
+    if atomicity_options is not None:
+        options["atomicity_options"] = atomicity_options
+    return options
+
+
+def composite_commit_options(path: str) -> dict[str, Any]:
+    """How a composite handler's items under ``path`` are committed (``CompositeOptions`` fields).
+
+    On an object store each item is written in place (Orbax's commit file):
+    said with ``atomicity_options`` where Orbax has them (0.12.3 and later),
+    else with the class ``CommitFileTemporaryPath`` that they choose.
+    """
+    if not fs.is_remote(path):  # Orbax's rename; before 0.12.3 with the marker it lacks
+        return (
+            {} if orbax_version.has_atomicity_options() else {"temporary_path_class": MarkedRename}
+        )
+    atomicity_options = commit_file_options(path)
+    if atomicity_options is None:  # Orbax 0.12.1-0.12.2
+        return {"temporary_path_class": atomicity.CommitFileTemporaryPath}
+    return {"atomicity_options": atomicity_options}
 
 
 def step_metadata_file(path: str) -> str:

@@ -8,8 +8,8 @@ looks both up on their modules at each call:
   it reading into 64-byte aligned buffers, which XLA's CPU client uses in
   place).
 * **No read left in flight on a closed event loop**:
-  ``asyncio_utils._run_sync_via_new_loop`` (Orbax 0.12.5 and later; 0.12.3
-  and 0.12.4 use ``asyncio.run``) becomes :func:`_run_to_the_end`.
+  ``asyncio_utils._run_sync_via_new_loop`` (Orbax 0.12.5 and later; 0.12.1
+  to 0.12.4 use ``asyncio.run``) becomes :func:`_run_to_the_end`.
 
 Private Orbax names used here: ``serialization`` (module) and its
 ``_read_shard`` (replaced), ``asyncio_utils`` (module) and its
