@@ -268,3 +268,31 @@ def test_a_save_failing_before_its_commit_leaves_no_host_copies_behind(tmp_path,
     assert ckpt.committed_epochs() == [0] and ckpt.verify(0) == []
     assert float(jaxjob.restore(str(tmp_path), epoch=0)["w"][0]) == 1.0
     ckpt.close()
+
+
+def test_verify_reads_the_leaves_in_batches(tmp_path, monkeypatch):
+    """verify reads 200 leaves in one Orbax restore per item (not one each: Orbax parses the
+    item's metadata at every restore, so a 3000-leaf resume decision took minutes); leaves past
+    the batch budget start a new batch. (A damaged leaf of a batch is named: the tests above, whose
+    five leaves are read as one batch.)"""
+    from jaxjob._src.checkpoint import leaf_check
+    from jaxjob._src.checkpoint.io import CheckpointIO
+
+    restores = []
+    restore = CheckpointIO.restore
+
+    def counted(self, path, item, tree, *args, **kwargs):
+        restores.append(len(tree))
+        return restore(self, path, item, tree, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointIO, "restore", counted)
+    ckpt = jaxjob.CheckpointManager(str(tmp_path))
+    ckpt.save(0, {f"p{i:03d}": jnp.full((256,), i, jnp.float32) for i in range(200)})
+    ckpt.close()
+    path = ckpt.get_ckpt_db_name("local", 0)
+    assert verify.verify(path) == []
+    assert restores == [200]  # the state item's leaves at once; no outputs
+    restores.clear()
+    monkeypatch.setattr(leaf_check, "BATCH_BYTES", 64 * 1024)  # 64 leaves of 1 KiB a batch
+    assert verify.verify(path) == []
+    assert restores == [64, 64, 64, 8]

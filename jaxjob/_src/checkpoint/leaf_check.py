@@ -17,17 +17,21 @@ from jaxjob._src.base.leaves import Kind
 from jaxjob._src.checkpoint import checksum, hostlocal, manifest
 from jaxjob._src.checkpoint.checksum import Record
 
-__all__ = ["READ_ERRORS", "check_all", "check_leaf", "read_leaf"]
+__all__ = ["BATCH_BYTES", "READ_ERRORS", "check_all", "check_leaf", "read_leaf"]
+
+
+def _stored(spec: Any, found: Any) -> Any:
+    """The leaf's shape and dtype as Orbax stores it (PRNG keys as key data, host-local rows)."""
+    if spec.kind == Kind.PRNG_KEY:
+        return jax.eval_shape(jax.random.key_data, spec.abstract())
+    if spec.host_local and found.owner_process is None:
+        return hostlocal.target(spec, found.process_count, 0)
+    return spec.abstract()
 
 
 def _stored_target(spec: Any, found: Any) -> np.ndarray:
-    """A NumPy target of the leaf as Orbax stores it (PRNG keys as key data, host-local rows)."""
-    if spec.kind == Kind.PRNG_KEY:
-        stored = jax.eval_shape(jax.random.key_data, spec.abstract())
-    elif spec.host_local and found.owner_process is None:
-        stored = hostlocal.target(spec, found.process_count, 0)
-    else:
-        stored = spec.abstract()
+    """A NumPy target of the leaf as Orbax stores it."""
+    stored = _stored(spec, found)
     return np.zeros(stored.shape, stored.dtype)
 
 
@@ -60,11 +64,62 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0][:300] if text else ""
 
 
+#: At most this many bytes of leaves are read by one Orbax restore in :func:`check_all`
+#: (a larger leaf is read alone): one restore per batch, not one per leaf, and the host
+#: memory of a check stays bounded.
+BATCH_BYTES = 256 * 2**20
+
+
 def check_all(reader: Any, path: str, found: Any, records: Mapping[str, list[Record]]) -> list[str]:
-    """Reads every stored leaf of ``path`` with ``reader`` and checks it: a line per problem."""
+    """Reads every stored leaf of ``path`` with ``reader`` and checks it: a line per problem.
+
+    The leaves are read in batches of at most :data:`BATCH_BYTES`, each by one
+    Orbax restore: Orbax reads the item's metadata once per restore, so reading
+    leaf by leaf costs time quadratic in the leaf count (a 3000-leaf checkpoint
+    took minutes). A batch that does not read is read again leaf by leaf, to
+    name the damaged leaves.
+    """
     lines: list[str] = []
     for item in (manifest.STATE, manifest.OUTPUTS):
-        for name in found.structure(item):
-            for spec in found.specs(item, name):
-                lines += check_leaf(reader, path, item, spec, found, records)
+        specs = [s for name in found.structure(item) for s in found.specs(item, name)]
+        for batch in _batches(specs, found):
+            lines += _check_batch(reader, path, item, batch, found, records)
+    return lines
+
+
+def _batches(specs: list[Any], found: Any) -> list[list[Any]]:
+    """``specs`` in order, in runs of at most :data:`BATCH_BYTES` (a larger one alone)."""
+    batches: list[list[Any]] = []
+    size = 0
+    for spec in specs:
+        stored = _stored(spec, found)
+        nbytes = int(np.prod(stored.shape)) * np.dtype(stored.dtype).itemsize
+        if not batches or size + nbytes > BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(spec)
+        size += nbytes
+    return batches
+
+
+def _check_batch(
+    reader: Any,
+    path: str,
+    item: str,
+    batch: list[Any],
+    found: Any,
+    records: Mapping[str, list[Record]],
+) -> list[str]:
+    """Reads ``batch``'s leaves in one restore and checks each (leaf by leaf if it fails)."""
+    if len(batch) == 1:
+        return check_leaf(reader, path, item, batch[0], found, records)
+    tree = {spec.name: _stored_target(spec, found) for spec in batch}
+    try:
+        values = reader.restore(path, item, tree)
+    except READ_ERRORS:  # a damaged leaf among them: name it
+        return [line for s in batch for line in check_leaf(reader, path, item, s, found, records)]
+    lines = []
+    for spec in batch:
+        bad, _ = checksum.mismatches(values[spec.name], records.get(spec.name, []))
+        lines += [checksum.describe(path, item, spec, found, r, "checksum mismatch") for r in bad]
     return lines
