@@ -116,6 +116,22 @@ def test_ls_lists_each_epoch_of_a_run(run_dir, capsys):
     assert [r["epoch"] for r in rows] == [0, 1, 2] and all(r["size_bytes"] > 1024 for r in rows)
 
 
+def test_ls_into_a_closed_pipe_ends_quietly(run_dir):
+    """`jaxjob ls DIR | head -0`: the reader is gone before ls writes; ls exits 141 (128 +
+    SIGPIPE, as a shell tool would) and prints no BrokenPipeError traceback."""
+    main = "import sys; from jaxjob import cli; sys.exit(cli.main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", main, "ls", run_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()  # before the child has written its listing
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert "BrokenPipeError" not in err and "Traceback" not in err, err
+
+
 def test_ls_lists_uncommitted_directories_and_reports_a_missing_one(tmp_path, capsys):
     """An in-flight save is listed as not committed; a missing DIR is one line, exit 2."""
     ckpt = jaxjob.CheckpointManager(str(tmp_path))

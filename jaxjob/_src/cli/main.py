@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -206,7 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     run = next(row.run for row in SUBCOMMANDS if row.name == args.command)
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # a closed pipe raises here, not at the interpreter's exit
+        return status
+    except BrokenPipeError:  # `jaxjob ls | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush too
+        return 128 + signal.SIGPIPE  # as a shell tool killed by SIGPIPE
     except USER_ERRORS as err:
         print(f"jaxjob {args.command}: {_one_line(err)}", file=sys.stderr)
         return 2
