@@ -55,6 +55,13 @@ def check_leaf(
     except READ_ERRORS as err:
         why = f"unreadable ({type(err).__name__}: {_first_line(err)})"
         return [checksum.describe(path, item, spec, found, None, why)]
+    return _mismatches(path, item, spec, found, value, records)
+
+
+def _mismatches(
+    path: str, item: str, spec: Any, found: Any, value: Any, records: Mapping[str, list[Record]]
+) -> list[str]:
+    """A line per shard of the leaf read as ``value`` that disagrees with its checksum."""
     bad, _ = checksum.mismatches(value, records.get(spec.name, []))
     return [checksum.describe(path, item, spec, found, r, "checksum mismatch") for r in bad]
 
@@ -118,8 +125,6 @@ def _check_batch(
         values = reader.restore(path, item, tree)
     except READ_ERRORS:  # a damaged leaf among them: name it
         return [line for s in batch for line in check_leaf(reader, path, item, s, found, records)]
-    lines = []
-    for spec in batch:
-        bad, _ = checksum.mismatches(values[spec.name], records.get(spec.name, []))
-        lines += [checksum.describe(path, item, spec, found, r, "checksum mismatch") for r in bad]
-    return lines
+    return [
+        line for s in batch for line in _mismatches(path, item, s, found, values[s.name], records)
+    ]

@@ -238,7 +238,7 @@ def _uncommit(final: str, tmp: str) -> None:
             os.remove(os.path.join(final, COMMIT_FILE))
 
 
-def commit_file_options(path: str) -> Any:
+def commit_file_options(path: str) -> ocp.options.AtomicityOptions | None:
     """Orbax's commit-file atomicity for object stores (``path`` remote), else None.
 
     Object stores cannot rename a directory: a checkpoint is written in place
@@ -271,16 +271,16 @@ def composite_commit_options(path: str) -> dict[str, Any]:
 
     On an object store each item is written in place (Orbax's commit file):
     said with ``atomicity_options`` where Orbax has them (0.12.3 and later),
-    else with the class ``CommitFileTemporaryPath`` that they choose.
+    else with the class ``CommitFileTemporaryPath`` that they choose. On local
+    disk, Orbax's rename; before 0.12.3 :class:`MarkedRename`, which adds the
+    item's commit marker.
     """
-    if not fs.is_remote(path):  # Orbax's rename; before 0.12.3 with the marker it lacks
-        return (
-            {} if orbax_version.has_atomicity_options() else {"temporary_path_class": MarkedRename}
-        )
-    atomicity_options = commit_file_options(path)
-    if atomicity_options is None:  # Orbax 0.12.1-0.12.2
+    if orbax_version.has_atomicity_options():
+        atomicity_options = commit_file_options(path)
+        return {} if atomicity_options is None else {"atomicity_options": atomicity_options}
+    if fs.is_remote(path):  # Orbax 0.12.1-0.12.2: the class that mode chooses
         return {"temporary_path_class": atomicity.CommitFileTemporaryPath}
-    return {"atomicity_options": atomicity_options}
+    return {"temporary_path_class": MarkedRename}  # Orbax's rename, with the marker it lacks
 
 
 def step_metadata_file(path: str) -> str:
