@@ -213,18 +213,19 @@ def test_a_checkpoint_deleted_while_it_is_checked_is_missing_not_corrupt(saved, 
         files.check(path)
 
 
-def test_on_local_disk_the_leaves_are_hashed_once_written_while_the_commit_flushes(
+def test_on_local_disk_the_leaves_are_hashed_once_written_and_flushed_by_the_commit(
     tmp_path, monkeypatch
 ):
     """The hash starts at the commit, when every data file is written (not beside the write).
 
-    Hashed while Orbax wrote, the hash took CPU and memory bandwidth from the write;
-    the commit's flush waits on the disk (``benchmarks/checksum_cost.py``).
+    Hashed while Orbax wrote, the hash took CPU and memory bandwidth from the write
+    (``benchmarks/checksum_cost.py``). Its checksum file is written before the commit's
+    one flush of the whole directory, which flushes it with the rest.
     """
     from jaxjob._src.base import fs
 
     seen = []
-    compute, flush = checksum._compute, fs.fsync_tree
+    compute, flush = checksum._compute, fs.flush_tree
 
     def hashed(shards):
         data = [p for p in tmp_path.glob("local.0.orbax-checkpoint-tmp*/state/**/*") if p.is_file()]
@@ -232,16 +233,18 @@ def test_on_local_disk_the_leaves_are_hashed_once_written_while_the_commit_flush
         return compute(shards)
 
     def flushed(path):
-        seen.append(("flush", path))
+        sums = os.path.join(path, "jaxjob", "checksums.0.json")
+        seen.append(("flush", os.path.exists(sums)))
         return flush(path)
 
     monkeypatch.setattr(checksum, "_compute", hashed)
-    monkeypatch.setattr(fs, "fsync_tree", flushed)
+    monkeypatch.setattr(fs, "flush_tree", flushed)
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     ckpt.save(0, {"w": jnp.arange(100_000.0)})
     ckpt.wait_until_finished()
-    assert sorted(kind for kind, _ in seen) == ["flush", "hash"]
+    assert [kind for kind, _ in seen] == ["hash", "flush"]
     assert dict(seen)["hash"] >= 400_000  # the 100,000 float32 values were written before
+    assert dict(seen)["flush"] is True  # the checksum file is flushed with the rest
     assert ckpt.verify(0) == []
     assert os.path.exists(tmp_path / "local.0" / "jaxjob" / "checksums.0.json")
     ckpt.close()

@@ -1,4 +1,10 @@
-"""A reported commit is durable: every file fsynced before the rename, the parent after it."""
+"""A reported commit is durable: every file flushed before the rename, the parent after it.
+
+Flushed one by one (``fsync``), or all at once by one ``syncfs`` of the file
+system that began after the last write under the checkpoint had ended
+(``jaxjob._src.base.flush``: on ext4, xfs, btrfs, f2fs; elsewhere, e.g. on a
+tmpfs, each file).
+"""
 
 import asyncio
 import dataclasses
@@ -8,12 +14,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
 from etils import epath
 from orbax.checkpoint._src.serialization import tensorstore_utils
 
+from jaxjob._src.base import flush
 from jaxjob._src.internals import orbax_commit
 
 SAVE = """
@@ -71,11 +79,15 @@ def parse_strace(text):
     return sorted(calls, key=lambda c: c.began)
 
 
-def _trace(tmp_path, async_save):
-    prefix = tmp_path / "ckpt"
+WRITES = ("write", "pwrite64", "writev", "pwritev", "pwritev2")
+
+
+def _trace(tmp_path, async_save, where=None):
+    prefix = (where or tmp_path) / "ckpt"
     log = tmp_path / "strace.txt"
     code = f"PREFIX = {str(prefix)!r}\nASYNC = {async_save}\n" + textwrap.dedent(SAVE)
-    cmd = ["strace", "-f", "-y", "-qq", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2"]
+    traced = ["fsync", "fdatasync", "syncfs", "rename", "renameat", "renameat2", *WRITES]
+    cmd = ["strace", "-f", "-y", "-qq", "-e", f"trace={','.join(traced)}"]
     proc = subprocess.run(
         [*cmd, "-o", str(log), sys.executable, "-c", code],
         capture_output=True,
@@ -88,17 +100,48 @@ def _trace(tmp_path, async_save):
     return prefix, parse_strace(log.read_text())
 
 
+def _ram_disk():
+    """A tmpfs directory of this machine (where a commit fsyncs each file), or None."""
+    shm = epath.Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+@pytest.mark.parametrize("disk", ["tmp_path", "tmpfs"])
 @pytest.mark.parametrize("async_save", [False, True])
-def test_commit_fsyncs_every_file_then_renames_then_fsyncs_the_parent(tmp_path, async_save):
+def test_commit_flushes_every_file_then_renames_then_fsyncs_the_parent(tmp_path, async_save, disk):
     """Seen with strace: each file of the checkpoint, its rename, then db_prefix, all flushed."""
-    prefix, calls = _trace(tmp_path, async_save)
+    where = None
+    if disk == "tmpfs":
+        if _ram_disk() is None:
+            pytest.skip("no writable /dev/shm")
+        where = epath.Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        prefix, calls = _trace(tmp_path, async_save, where)
+        _check_commit(prefix, calls, syncfs=flush.syncfs_usable(str(prefix)))
+    finally:
+        if where is not None:
+            shutil.rmtree(where)
+
+
+def _check_commit(prefix, calls, *, syncfs):
     final = prefix / "local.0"
     renames = [c for c in calls if c.name.startswith("rename") and f'"{final}"' in c.args]
     assert len(renames) == 1, calls
     rename = renames[0]
     tmp_dir = re.search(r'"([^"]*local\.0\.orbax-checkpoint-tmp[^"/]*)"', rename.args)
     assert tmp_dir, rename
+    if syncfs:
+        _check_one_syncfs(calls, rename, tmp_dir.group(1))
+    else:
+        _check_each_file_flushed(calls, rename, tmp_dir.group(1), final)
+    synced_after = [
+        c for c in calls if c.began > rename.ended and c.name == "fsync" and f"<{prefix}>" in c.args
+    ]
+    assert synced_after, "db_prefix was not fsynced after the commit rename"
+
+
+def _check_each_file_flushed(calls, rename, tmp_dir, final):
     synced_before = {
         c.args.split("<", 1)[1].rstrip(">")
         for c in calls
@@ -111,14 +154,24 @@ def test_commit_fsyncs_every_file_then_renames_then_fsyncs_the_parent(tmp_path, 
     ]
     assert files, "the checkpoint has no files"
     for relative in files:
-        assert os.path.join(tmp_dir.group(1), relative) in synced_before, relative
+        assert os.path.join(tmp_dir, relative) in synced_before, relative
     for root, _, _ in os.walk(final):  # and every directory's entries
         relative = os.path.relpath(root, final)
-        assert os.path.normpath(os.path.join(tmp_dir.group(1), relative)) in synced_before, root
-    synced_after = [
-        c for c in calls if c.began > rename.ended and c.name == "fsync" and f"<{prefix}>" in c.args
-    ]
-    assert synced_after, "db_prefix was not fsynced after the commit rename"
+        assert os.path.normpath(os.path.join(tmp_dir, relative)) in synced_before, root
+
+
+def _check_one_syncfs(calls, rename, tmp_dir):
+    """One syncfs of the checkpoint's file system, after every write and rename under it."""
+    syncs = [c for c in calls if c.name == "syncfs" and f"<{tmp_dir}>" in c.args]
+    assert len(syncs) == 1, [c for c in calls if c.name == "syncfs"]
+    sync = syncs[0]
+    assert sync.ended < rename.began, (sync, rename)
+    under = tmp_dir + "/"
+    written = [c for c in calls if c.name in WRITES and f"<{under}" in c.args]
+    moved = [c for c in calls if c.name.startswith("rename") and f'"{under}' in c.args]
+    assert written, "no write under the temporary directory was seen"
+    late = [c for c in written + moved if c.ended > sync.began]
+    assert not late, f"written or renamed after the syncfs began: {late[:3]}"
 
 
 def test_parse_strace_joins_calls_that_other_threads_interrupted():

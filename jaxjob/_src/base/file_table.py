@@ -167,7 +167,14 @@ def table(directory: str, *, skip: Callable[[str], bool] = lambda _: False) -> d
     }
 
 
-def write(directory: str, relative: str, doc: dict[str, Any], extra: Mapping[str, str]) -> None:
+def write(
+    directory: str,
+    relative: str,
+    doc: dict[str, Any],
+    extra: Mapping[str, str],
+    *,
+    flush_file: bool = True,
+) -> None:
     """Writes ``doc`` (from :func:`table`) as the new file ``directory/relative``, flushed.
 
     It lists the files to come in ``extra``.
@@ -178,6 +185,8 @@ def write(directory: str, relative: str, doc: dict[str, Any], extra: Mapping[str
         doc: The table.
         extra: Files written after the table (the commit marker): relative
             path -> their exact text.
+        flush_file: Whether to flush it (False: the caller flushes the whole
+            directory afterwards).
     """
     files = dict(doc["files"])
     for rel, text in extra.items():
@@ -186,7 +195,7 @@ def write(directory: str, relative: str, doc: dict[str, Any], extra: Mapping[str
     out[SELF_KEY] = doc_checksum(out)
     path = fs.join(directory, relative)
     fs.makedirs(path.rpartition("/")[0])
-    fs.write_new(path, json.dumps(out))
+    fs.write_new(path, json.dumps(out), flush_file=flush_file)
 
 
 def read(directory: str, relative: str) -> dict[str, Entry]:

@@ -19,7 +19,6 @@ durable when its upload returns.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import re
 import threading
@@ -27,6 +26,8 @@ from typing import Any
 
 from etils import epath
 
+from jaxjob._src.base import flush
+from jaxjob._src.base.flush import flush_pool as flush_pool
 from jaxjob._src.base.remote import DEFAULT_STORAGE_TIMEOUT_S as DEFAULT_STORAGE_TIMEOUT_S
 from jaxjob._src.base.remote import MIN_TRANSFER_BYTES_S as MIN_TRANSFER_BYTES_S
 from jaxjob._src.base.remote import REMOTE_SCHEMES as REMOTE_SCHEMES
@@ -57,6 +58,7 @@ __all__ = [
     "create_only",
     "endpoint",
     "exists",
+    "flush_tree",
     "fsync_dir",
     "fsync_tree",
     "is_dir",
@@ -275,20 +277,23 @@ def write_text(path: str, text: str) -> None:
     fsync_dir(os.path.dirname(path))
 
 
-def write_new(path: str, text: str) -> None:
+def write_new(path: str, text: str, *, flush_file: bool = True) -> None:
     """Writes ``text`` to the new file ``path`` and flushes it (not its directory).
 
     For files inside a directory that is not visible yet (a checkpoint's
     temporary directory), where no reader can see a torn file: no temporary
-    name, no rename. On object stores, one upload.
+    name, no rename. On object stores, one upload. ``flush_file=False``: not
+    flushed, for a caller that flushes the whole directory afterwards
+    (:func:`flush_tree`).
     """
     if is_remote(path):
         bounded(path, "a write", lambda: _p(path).write_text(text))
         return
     with open(path, "x") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        if flush_file:
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def create_only(path: str, text: str) -> bool:
@@ -390,54 +395,25 @@ def writable(path: str) -> bool:
 
 def fsync_dir(path: str) -> None:
     """Flushes the entries of the local directory ``path`` (a no-op on object stores)."""
-    if is_remote(path):
-        return
-    _fsync(path, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def _fsync(path: str, flags: int = os.O_RDONLY) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# fsync waits on the disk, not the CPU: flushing a checkpoint's files concurrently lets the
-# file system commit them together (a tiny checkpoint's ~25 files and directories on a busy
-# disk: ~80 ms one by one, ~25 ms at once; on an idle one ~10 ms either way).
-_FLUSH_THREADS = 16
-_flusher: concurrent.futures.ThreadPoolExecutor | None = None
-_flusher_lock = threading.Lock()
-
-
-def flush_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _flusher
-    with _flusher_lock:
-        if _flusher is None:
-            _flusher = concurrent.futures.ThreadPoolExecutor(
-                _FLUSH_THREADS, thread_name_prefix="jaxjob-fsync"
-            )
-        return _flusher
+    if not is_remote(path):
+        flush.fsync_dir(path)
 
 
 def fsync_tree(path: str) -> int:
-    """Flushes every file and directory under the local directory ``path``, concurrently.
-
-    Returns once all are flushed; the first failure is raised after every
-    flush has ended.
+    """Flushes each file and directory under the local directory ``path`` (see ``base.flush``).
 
     Returns:
         How many files and directories were flushed (0 on object stores).
     """
-    if is_remote(path):
-        return 0
-    flushes = []
-    pool = flush_pool()
-    for root, _, files in os.walk(path):
-        flushes += [pool.submit(_fsync, os.path.join(root, name)) for name in files]
-        flushes.append(pool.submit(_fsync, root, os.O_RDONLY | os.O_DIRECTORY))
-    concurrent.futures.wait(flushes)
-    for flush in flushes:
-        flush.result()
-    return len(flushes)
+    return 0 if is_remote(path) else flush.fsync_tree(path)
+
+
+def flush_tree(path: str) -> int:
+    """Flushes everything under the local directory ``path``, in one call where it can.
+
+    See :func:`jaxjob._src.base.flush.flush_tree`.
+
+    Returns:
+        How many flush calls it made (0 on object stores).
+    """
+    return 0 if is_remote(path) else flush.flush_tree(path)

@@ -6,15 +6,18 @@ committed, and its implementations live in ``orbax.checkpoint._src.path``:
 * **Durable commit on local disk** (:class:`DurableRename`). Orbax's atomic
   rename does not fsync the small metadata files nor the parent directory
   after the rename, so a power loss right after a reported commit could lose
-  or tear the newest checkpoint. Since this commit flushes every file,
-  TensorStore's own fsync of each file it writes there is turned off
+  or tear the newest checkpoint. This commit writes its own files unflushed,
+  then flushes the whole temporary directory at once (one ``syncfs`` where
+  it can: :func:`jaxjob._src.base.flush.flush_tree`), renames it and
+  flushes the parent. Since it flushes every file, TensorStore's own fsync
+  of each file it writes there is turned off
   (:func:`jaxjob._src.internals.orbax_kvstore.skip_fsync_under`).
 * **Object stores** (:class:`TabledCommitFile`): Orbax's commit file
   (``commit_success.txt``) instead of a rename, with the file table written
   just before it.
 * **Checksum files at the commit**: the process that commits a local
   directory writes its checksum files from its :class:`DurableRename`,
-  hashing while the commit flushes the data (:func:`defer_checksums`).
+  hashing once Orbax has written the data (:func:`defer_checksums`).
 * **Step metadata**: the commit time is written into Orbax's step metadata
   file (:func:`step_metadata_file` says where it lies).
 * **Orbax releases**: commit-file mode is Orbax's ``AtomicityOptions`` from
@@ -71,9 +74,9 @@ COMMIT_FILE = atomicity.COMMIT_SUCCESS_FILE
 FILE_TABLE = file_table.CHECKPOINT_TABLE  # written by the commit, just before its marker
 
 # Checksum files that a DurableRename writes at its commit, by temporary directory: (the
-# folder, the PendingManifest). This process's leaves are hashed while the commit flushes
-# the written files, when the CPU waits on the disk; hashed while Orbax wrote, the hash took
-# CPU and memory bandwidth from the write (benchmarks/checksum_cost.py). A save that fails
+# folder, the PendingManifest). This process's leaves are hashed once Orbax has written
+# them, while the kernel writes them back; hashed while Orbax wrote, the hash took CPU and
+# memory bandwidth from the write (benchmarks/checksum_cost.py). A save that fails
 # before its commit leaves its entry, dropped by forget_checksums (and when the directory is
 # made again).
 _checksums_at_commit: dict[str, list[tuple[str, Any]]] = {}
@@ -117,7 +120,7 @@ def _take_checksums(tmp: str) -> list[tuple[str, Any]]:
 
 
 def _write_checksums(root: str, directory: str, doc: Any) -> None:
-    """Waits for this process's checksums and writes their file (flushed).
+    """Waits for this process's checksums and writes their file (flushed by the commit).
 
     ``directory`` is where the item was written: under ``root``, in Orbax's
     temporary folder of the item, which has its final name by the commit.
@@ -125,18 +128,19 @@ def _write_checksums(root: str, directory: str, doc: Any) -> None:
     parts = os.path.relpath(directory, root).split(os.sep)
     folder = os.path.join(root, *(p.split(atomicity_types.TMP_DIR_SUFFIX)[0] for p in parts))
     name, text = doc.checksum_file()
-    fs.write_new(os.path.join(folder, name), text)
+    fs.write_new(os.path.join(folder, name), text, flush_file=False)
 
 
 class DurableRename(atomicity.AtomicRenameTemporaryPath):
-    """Orbax's atomic rename, with every file and the rename itself fsynced.
+    """Orbax's atomic rename, with every file and the rename itself flushed.
 
     The files under the temporary directory are flushed before the rename,
     and the parent directory after it, so a checkpoint that is visible under
-    its final name is on stable storage. They are flushed concurrently, all
-    at once (:func:`jaxjob._src.base.fs.fsync_tree`); so TensorStore, whose writes to
-    that directory are flushed then, does not fsync each file as it writes
-    it (:mod:`jaxjob._src.internals.orbax_kvstore`).
+    its final name is on stable storage. They are flushed all at once, after
+    the commit's own files are written (:func:`jaxjob._src.base.flush.flush_tree`:
+    one ``syncfs``, or an ``fsync`` of each, concurrently); so TensorStore,
+    whose writes to that directory are flushed then, does not fsync each file
+    as it writes it (:mod:`jaxjob._src.internals.orbax_kvstore`).
     """
 
     async def create(self) -> epath.Path:
@@ -160,15 +164,14 @@ class DurableRename(atomicity.AtomicRenameTemporaryPath):
         marker = f"Checkpoint commit was successful to {self._final_path}"
         deferred = _take_checksums(tmp)
         for _, doc in deferred:
-            doc.checksums.start()  # hashed while the written files are flushed
+            doc.checksums.start()  # hashed while the kernel writes the written files back
         await asyncio.gather(
-            asyncio.to_thread(fs.fsync_tree, tmp),
-            *(asyncio.to_thread(_write_checksums, tmp, item, doc) for item, doc in deferred),
+            *(asyncio.to_thread(_write_checksums, tmp, item, doc) for item, doc in deferred)
         )
-        await asyncio.to_thread(_write_table, tmp, marker)
-        await asyncio.to_thread(fs.write_new, os.path.join(tmp, COMMIT_FILE), marker)
-        await asyncio.to_thread(fs.fsync_dir, tmp)
-        await asyncio.to_thread(fs.fsync_dir, os.path.dirname(os.path.join(tmp, FILE_TABLE)))
+        await asyncio.to_thread(_write_table, tmp, marker, flush_file=False)
+        commit_file = os.path.join(tmp, COMMIT_FILE)
+        await asyncio.to_thread(fs.write_new, commit_file, marker, flush_file=False)
+        await asyncio.to_thread(fs.flush_tree, tmp)  # every file and directory entry under tmp
         await async_path.rename(self._tmp_path, self._final_path)
         try:
             faults.point("save.after_rename")
@@ -219,10 +222,13 @@ async def _update_commit_time(store: Any, tmp_path: Any) -> None:
     await asyncio.to_thread(store.wait_until_finished)
 
 
-def _write_table(directory: str, marker: str) -> None:
-    """The file table of a checkpoint about to commit, its marker's text included (flushed)."""
+def _write_table(directory: str, marker: str, *, flush_file: bool = True) -> None:
+    """The file table of a checkpoint about to commit, its marker's text included.
+
+    Flushed, unless ``flush_file=False`` (a local commit flushes its whole directory).
+    """
     doc = file_table.table(directory)
-    file_table.write(directory, FILE_TABLE, doc, {COMMIT_FILE: marker})
+    file_table.write(directory, FILE_TABLE, doc, {COMMIT_FILE: marker}, flush_file=flush_file)
 
 
 def _uncommit(final: str, tmp: str) -> None:
