@@ -79,13 +79,18 @@ def test_donation_and_async_save_keep_each_epochs_values(tmp_path):
         assert float(x.min()) == float(x.max()) == epoch
 
 
-def test_a_step_donating_a_leaf_its_save_still_writes_leaves_the_checkpoint_exact(tmp_path):
+def test_a_step_donating_a_leaf_its_save_still_writes_leaves_the_checkpoint_exact(
+    tmp_path, monkeypatch
+):
     """No host copy on the CPU: the background write reads the workspace's own buffers
     (Orbax's zero-copy NumPy views of them), so a save holds no second copy of the workspace.
     A step that donates a buffer while its write still reads it does not get it (see the test
     below); once the write is done with it, the step may. Either way each checkpoint holds the
     values saved. (Whether the write still reads the buffer when the step runs depends on the
     disk and the load: it is not asserted.)"""
+    from jaxjob._src.manager.save import background_start
+
+    monkeypatch.setattr(background_start, "SMALL_SAVE_BYTES", 16 * 2**20)
     x = jnp.zeros(8 * 2**20, jnp.float32)  # 32 MiB: above SMALL_SAVE_BYTES, so not copied
     step = jax.jit(lambda a: a + 1, donate_argnums=0)
     ckpt = jaxjob.CheckpointManager(str(tmp_path))

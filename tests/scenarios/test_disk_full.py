@@ -144,6 +144,7 @@ def test_a_save_failing_as_it_starts_makes_no_directory_after_its_removal(tmp_pa
     import jax.numpy as jnp
 
     from jaxjob._src.internals import orbax_commit
+    from jaxjob._src.manager.save import background_start
 
     create = orbax_commit.DurableRename.create
 
@@ -153,6 +154,7 @@ def test_a_save_failing_as_it_starts_makes_no_directory_after_its_removal(tmp_pa
 
     monkeypatch.setattr(orbax_commit.DurableRename, "create", slow_create)
     monkeypatch.setenv(faults.FAIL_AT_ENV, "save.copy:2")  # the save of epoch 1 fails
+    monkeypatch.setattr(background_start, "SMALL_SAVE_BYTES", 16 << 20)  # started here, below
     ws = {"w": jnp.zeros(5 << 20, jnp.float32)}  # 20 MiB: over the small saves' 16 MiB
     ckpt = jaxjob.CheckpointManager(str(tmp_path))
     ckpt.save(0, ws)
