@@ -1,4 +1,4 @@
-"""The ``jaxjob`` command line: ``ls``, ``show``, ``export``, ``verify`` and ``launch``.
+"""The ``jaxjob`` command line: ``ls``, ``show``, ``export``, ``verify``, ``bench`` and ``launch``.
 
 Parsing and ``--help`` import neither JAX nor Orbax; each subcommand imports
 what it needs when it runs (the subcommands' code, or the launcher's). A

@@ -1,4 +1,4 @@
-"""What the ``jaxjob`` subcommands print: ``ls``, ``show``, ``export`` and ``verify``.
+"""What the ``jaxjob`` subcommands print: ``ls``, ``show``, ``export``, ``verify`` and ``bench``.
 
 Each command is a function returning the exit status; :mod:`jaxjob.cli`
 parses the arguments and turns a user mistake into one line on stderr. The
@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["export", "ls", "show", "verify"]
+__all__ = ["bench", "export", "ls", "show", "verify"]
 
 
 # ---- formatting ---------------------------------------------------------------------------------
@@ -317,3 +317,68 @@ def verify(path: str) -> int:
     if damaged:
         print(f"{damaged} damaged checkpoint(s)")
     return 1 if damaged else 0
+
+
+# ---- bench --------------------------------------------------------------------------------------
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _print_bench(report: dict[str, Any]) -> None:
+    print(
+        f"{report['leaves']} leaves, {human(report['bytes'])}, in {report['directory']} "
+        f"(medians of {report['repeats']})\n"
+    )
+    print("| figure | jaxjob | reference | ratio |\n|---|---|---|---|")
+    for name, row in report["figures"].items():
+        mine, other = _ms(row["jaxjob_s"]), _ms(row["reference_s"])
+        if name == "step_with_save":
+            mine += f" ({report['slowdown_pct']['jaxjob']:+.0f} %)"
+            other += f" ({report['slowdown_pct']['reference']:+.0f} %)"
+        print(f"| {row['what']} | {mine} | {other} | {row['ratio']:.2f}x |")
+    print(f"\nstep alone: {_ms(report['step_s'])}; reference: {report['reference']}")
+
+
+def bench(
+    directory: str,
+    *,
+    leaves: int | None = None,
+    size: str | None = None,
+    like: str | None = None,
+    repeats: int = 3,
+    step_seconds: float = 0.2,
+    as_json: bool = False,
+) -> int:
+    """Prints what saves, restores and saving every step cost in ``directory``, beside a reference.
+
+    Args:
+        directory: An existing directory this user can write in, or ``gs://`` / ``s3://``.
+        leaves: The synthetic workspace's leaf count (default 56).
+        size: Its total size, e.g. ``"64MiB"`` (the default).
+        like: A checkpoint (or db_prefix) whose leaves' shapes and dtypes to take instead.
+        repeats: How many times each figure is measured (medians are printed).
+        step_seconds: The jitted step's least duration alone.
+        as_json: Print the report as JSON.
+
+    Raises:
+        ValueError: If an option is out of range or malformed (naming it).
+        FileNotFoundError: If ``directory`` (or ``like``) does not exist.
+        PermissionError: If this user cannot write in ``directory``.
+    """
+    from jaxjob._src.cli.bench import check_directory, measure
+    from jaxjob._src.cli.bench_shape import workspace_leaves
+
+    if repeats < 1:
+        raise ValueError(f"--repeats: got {repeats}; expected at least 1")
+    if not step_seconds > 0:
+        raise ValueError(f"--step-seconds: got {step_seconds}; expected a positive number")
+    directory = check_directory(directory)
+    shape = workspace_leaves(leaves, size, like)
+    report = measure(directory, shape, repeats=repeats, step_seconds=step_seconds)
+    if as_json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print_bench(report)
+    return 0

@@ -1,4 +1,4 @@
-"""The ``jaxjob`` command line: ``ls``, ``show``, ``export``, ``verify`` and ``launch``.
+"""The ``jaxjob`` command line: ``ls``, ``show``, ``export``, ``verify``, ``bench`` and ``launch``.
 
 Public as :mod:`jaxjob.cli`, whose docstring says more. Every subcommand is a row
 of :data:`SUBCOMMANDS` (its help texts, its arguments, the function running it):
@@ -91,6 +91,20 @@ def _run_verify(args: argparse.Namespace) -> int:
     return commands.verify(args.path)
 
 
+def _run_bench(args: argparse.Namespace) -> int:
+    from jaxjob._src.cli import commands
+
+    return commands.bench(
+        args.directory,
+        leaves=args.leaves,
+        size=args.bytes,
+        like=args.like,
+        repeats=args.repeats,
+        step_seconds=args.step_seconds,
+        as_json=args.json,
+    )
+
+
 def _run_launch(args: argparse.Namespace) -> int:
     from jaxjob._src.multihost.launch import launch
 
@@ -146,6 +160,48 @@ SUBCOMMANDS = (
         "db_prefix: the commit marker, the manifest, and every leaf read on its own.",
         arguments=(_arg("path"),),
         run=_run_verify,
+    ),
+    Subcommand(
+        "bench",
+        help="measure save, restore and the step slowdown on this disk, beside a minimal writer",
+        description="Saves and restores a workspace with jaxjob.CheckpointManager under a "
+        "scratch subdirectory of DIR (removed at the end), and times a jitted step alone and "
+        "with a save every step; beside each figure, the same measured in the same run for a "
+        "minimal writer (the bytes in one file, fsync, rename). Prints medians and ratios.",
+        arguments=(
+            _arg("directory", metavar="DIR", help="an existing writable directory, gs:// or s3://"),
+            _arg(
+                "--leaves",
+                type=int,
+                default=None,
+                metavar="N",
+                help="a synthetic workspace of N float32 leaves (default 56)",
+            ),
+            _arg(
+                "--bytes",
+                default=None,
+                metavar="SIZE",
+                help="its total size, split evenly: 64MiB (the default), 512KiB, 1GiB, ...",
+            ),
+            _arg(
+                "--like",
+                default=None,
+                metavar="PATH",
+                help="instead: the leaves' shapes and dtypes of this checkpoint (or db_prefix: "
+                "its latest epoch), filled with random data",
+            ),
+            _arg("--repeats", type=int, default=3, help="measures of each figure (default 3)"),
+            _arg(
+                "--step-seconds",
+                type=float,
+                default=0.2,
+                metavar="S",
+                help="the step lasts S seconds alone (default 0.2), or 1.5 times the slower "
+                "commit if longer, so that each save's write fits in the step it overlaps",
+            ),
+            _arg("--json", action="store_true", help="print JSON"),
+        ),
+        run=_run_bench,
     ),
     Subcommand(
         "launch",
