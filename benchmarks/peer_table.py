@@ -5,7 +5,22 @@ least disturbed sample of each, on a shared machine). Rows whose figure this run
 did not measure keep ``value`` None and say why in ``why``: no number is made up.
 """
 
+import table
+
 MIB = 2**20
+
+# Issue 37's targets (docs/performance.md draws them beside the figures: peer_plots.py).
+BLOCKED_PLUS_S = 0.005  # blocked per save <= the minimal writer's + 5 ms
+SLOWDOWN_PLUS = 0.03  # epoch slowdown <= the minimal writer's + 3 points
+CPU_PER_MIB_X = 2.0  # CPU per saved MiB <= 2x the minimal writer's
+COMMIT_MANY_X = 2.0  # commit of the many leaves <= 2x raw1
+PARTIAL_MANY_X = 1.0  # partial restore of the many leaves <= Orbax's
+TINY_COMMIT_S = 0.015
+TINY_FSYNCS = 4
+TINY_RESTORE_S = 0.005
+RESTORE_X = 1.5  # full restore <= 1.5x safetensors' load
+RESTORE_RSS_X = 1.15  # peak RSS of a full restore <= 1.15x the workspace
+RERUN_S = 1.0  # a finished job's re-run <= 1 s after the imports
 
 # The issue's rows that benchmarks/ cannot measure yet, and why.
 NOT_MEASURED = [
@@ -35,7 +50,9 @@ def _fixed(value):
 def _row(figure, value, reference, ref, unit="s", target=None, plus=None, why=None):
     """One row; ``target``: ratio of medians at most; ``plus``: value <= reference + plus.
 
-    Rows in ``%`` (a slowdown against a third figure) have no ratio.
+    Rows in ``%`` (a slowdown against a third figure) have no ratio. ``limit`` is the
+    target as a value in the row's unit (the reference's median times ``target``, or
+    plus ``plus``), None without a target or a reference.
     """
     v, r = value or {}, ref or {}
     with_ratio = v and r and unit != "%"
@@ -58,9 +75,16 @@ def _row(figure, value, reference, ref, unit="s", target=None, plus=None, why=No
         "ratio": ratio,
         "ratio_min": ratio_min,
         "target": _target(target, plus, unit),
+        "limit": _limit(r, target, plus),
         "met": met,
         "why": None if v and r else missing,
     }
+
+
+def _limit(ref, target, plus):
+    if not ref or (target is None and plus is None):
+        return None
+    return ref["median"] * target if target is not None else ref["median"] + plus
 
 
 def _target(target, plus, unit):
@@ -85,16 +109,16 @@ def _blocked_rows(label, leaves, leaf_bytes, found, target_many):
     """Blocked time, CPU per MiB, commit and restores at one size."""
     size, nbytes = f"{leaves} leaves ({_size(leaves * leaf_bytes)})", leaves * leaf_bytes
     j, o, m, raw = (found.get(k, {}) for k in ("jaxjob", "orbax", "minimal", "raw1"))
-    part, cap = max(1, leaves // 4), (1.0 if target_many else None)
+    part, cap = max(1, leaves // 4), (PARTIAL_MANY_X if target_many else None)
     rows = [
         _row(f"blocked per save, {size}", _stat(j, "blocked"), "minimal writer",
-             _stat(m, "blocked"), plus=0.005),
+             _stat(m, "blocked"), plus=BLOCKED_PLUS_S),
         _row(f"blocked per save, {size}", _stat(j, "blocked"), "Orbax defaults",
              _stat(o, "blocked")),
         _row(f"CPU per saved MiB (all threads), {size}", _per_mib(_stat(j, "cpu"), nbytes),
-             "minimal writer", _per_mib(_stat(m, "cpu"), nbytes), "s/MiB", target=2.0),
+             "minimal writer", _per_mib(_stat(m, "cpu"), nbytes), "s/MiB", target=CPU_PER_MIB_X),
         _row(f"commit, {size}", _stat(j, "commit"), "raw1 (one file + 2 fsyncs)",
-             _stat(raw, "commit"), target=2.0 if target_many else None),
+             _stat(raw, "commit"), target=COMMIT_MANY_X if target_many else None),
         _row(f"commit, {size}: Orbax defaults", _stat(o, "commit"), "raw1", _stat(raw, "commit")),
         _row(f"commit, {size}: minimal writer", _stat(m, "commit"), "raw1", _stat(raw, "commit")),
         _row(f"partial restore ({part} of {leaves} leaves)", _stat(j, "restore_part"),
@@ -120,22 +144,23 @@ def _tiny_rows(leaves, leaf_bytes, found):
              "safetensors + fsync", _stat(st, "commit")),
         _row(f"{size} commit, a manager's later saves", _stat(j, "commit"), "raw1",
              _stat(raw, "commit")),
-        _row(f"{size} commit, a manager's later saves", _stat(j, "commit"), "15 ms",
-             _fixed(0.015), target=1.0),
+        _row(f"{size} commit, a manager's later saves", _stat(j, "commit"),
+             f"{TINY_COMMIT_S * 1000:g} ms", _fixed(TINY_COMMIT_S), target=1.0),
         _row(f"{size} commit, a new manager's first save", _stat(j, "first_commit"),
              "safetensors + fsync, first", _stat(st, "first_commit")),
-        _row(f"{size} fsyncs per commit (strace -f)", count("jaxjob"), "4", _fixed(4), "n",
-             target=1.0, why=why),
+        _row(f"{size} fsyncs per commit (strace -f)", count("jaxjob"), f"{TINY_FSYNCS}",
+             _fixed(TINY_FSYNCS), "n", target=1.0, why=why),
         *[_row(f"{size} fsyncs per commit (strace -f)", count("jaxjob"), name, count(method),
                "n", why=why)
           for method, name in (("safetensors", "safetensors + fsync"), ("raw1", "raw1"),
                                ("minimal", "minimal writer"))],
         _row(f"{size} fsyncs, a new manager's first save (strace -f)",
-             count("jaxjob", "first"), "4", _fixed(4), "n", why=why),
+             count("jaxjob", "first"), f"{TINY_FSYNCS}", _fixed(TINY_FSYNCS), "n", why=why),
         _row(f"{size} threads started per save (strace -f)", count("jaxjob", what="threads"),
              "minimal writer", count("minimal", what="threads"), "n", why=why),
         _row(f"{size} restore", _stat(j, "restore"), "safetensors load", _stat(st, "restore")),
-        _row(f"{size} restore", _stat(j, "restore"), "5 ms", _fixed(0.005), target=1.0),
+        _row(f"{size} restore", _stat(j, "restore"), f"{TINY_RESTORE_S * 1000:g} ms",
+             _fixed(TINY_RESTORE_S), target=1.0),
     ]  # fmt: skip
 
 
@@ -145,13 +170,13 @@ def _restore_rows(leaves, leaf_bytes, found):
     torch = _stat(found, "torch", "restore")
     return [
         _row(f"full restore {size} (page cache)", _stat(j, "restore"), "safetensors load",
-             _stat(found, "safetensors", "restore"), target=1.5),
+             _stat(found, "safetensors", "restore"), target=RESTORE_X),
         _row(f"full restore {size} (page cache)", _stat(j, "restore"), "torch.load", torch,
              why=None if torch else "not measured: torch is not installed (the [bench] extra)"),
         _row(f"full restore {size}: Orbax", _stat(o, "restore"), "safetensors load",
              _stat(found, "safetensors", "restore")),
         _row(f"peak RSS of a full restore / workspace, {size}", _stat(j, "peak_rss_x"),
-             "workspace", _fixed(1.0), "x", target=1.15),
+             "workspace", _fixed(1.0), "x", target=RESTORE_RSS_X),
         _row(f"peak RSS of a full restore / workspace, {size}: Orbax", _stat(o, "peak_rss_x"),
              "workspace", _fixed(1.0), "x"),
     ]  # fmt: skip
@@ -172,14 +197,14 @@ def _slowdown_rows(found):
     what = "transformer loop saving every epoch"
     return [
         _row(f"{what}: epoch time / not saving", _slowdown(found, "jaxjob"),
-             "minimal writer", _slowdown(found, "minimal"), "%", plus=0.03),
+             "minimal writer", _slowdown(found, "minimal"), "%", plus=SLOWDOWN_PLUS),
         _row(f"{what}: epoch time / not saving", _slowdown(found, "jaxjob"),
              "Orbax defaults", _slowdown(found, "orbax"), "%"),
         _row(f"{what}: extra process CPU per epoch (all threads)",
              _slowdown(found, "jaxjob", "cpu_s", extra=True), "minimal writer",
              _slowdown(found, "minimal", "cpu_s", extra=True)),
         _row(f"{what}: training thread blocked per save", _stat(found, "jaxjob", "blocked_s"),
-             "minimal writer", _stat(found, "minimal", "blocked_s"), plus=0.005),
+             "minimal writer", _stat(found, "minimal", "blocked_s"), plus=BLOCKED_PLUS_S),
         _row(f"{what}: training thread blocked per save", _stat(found, "jaxjob", "blocked_s"),
              "Orbax defaults", _stat(found, "orbax", "blocked_s")),
     ]  # fmt: skip
@@ -197,7 +222,8 @@ def _rerun_rows(found):
             else None
         )
         rows += [
-            _row(what, _stat(runs, "job", "rerun_s"), "1 s", _fixed(1.0), target=1.0, why=why),
+            _row(what, _stat(runs, "job", "rerun_s"), f"{RERUN_S:g} s", _fixed(RERUN_S), target=1.0,
+                 why=why),
             _row(what, _stat(runs, "job", "rerun_s"), "the imports (jax, jaxjob) before it",
                  _stat(runs, "job", "import_s"), why=why),
         ]  # fmt: skip
@@ -224,37 +250,23 @@ def build_rows(peers, plan):
     return rows
 
 
-def _fmt(value, unit):
-    if value is None:
-        return "-"
-    if unit == "n":
-        return f"{value:g}"
-    if unit == "x":
-        return f"{value:.2f}x"
-    if unit == "%":
-        return f"{value * 100:+.1f} %"
-    if unit == "s/MiB":
-        return f"{value * 1000:.2f} ms/MiB"
-    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+HEADER = ("figure", "jaxjob", "reference in the same run", "ratio median (min)", "target", "met")
+
+
+def _cells(r):
+    """A row's cells: value (or why not), reference (its value), ratio median (min), target."""
+    if r["why"]:
+        value, ratio = r["why"], "-"
+    else:
+        value = table.fmt(r["value"], r["unit"])
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        ratio += "" if r["ratio_min"] is None else f" ({r['ratio_min']:.2f})"
+    reference = r["reference"]
+    if r["reference_value"] is not None:
+        reference += f" ({table.fmt(r['reference_value'], r['unit'])})"
+    return [r["figure"], value, reference, ratio, r["target"] or "", table.met_cell(r["met"])]
 
 
 def render(rows):
     """The rows as a Markdown table: value, reference (its value), ratio median (min), target."""
-    lines = [
-        "| figure | jaxjob | reference in the same run | ratio median (min) | target | met |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        if r["why"]:
-            value, ratio = r["why"], "-"
-        else:
-            value = _fmt(r["value"], r["unit"])
-            ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
-            ratio += "" if r["ratio_min"] is None else f" ({r['ratio_min']:.2f})"
-        reference = r["reference"]
-        if r["reference_value"] is not None:
-            reference += f" ({_fmt(r['reference_value'], r['unit'])})"
-        met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        cells = [r["figure"], value, reference, ratio, r["target"] or "", met]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return table.render(rows, HEADER, _cells)

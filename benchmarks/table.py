@@ -288,7 +288,8 @@ def build_rows(results):
     return rows
 
 
-def _fmt(value, unit):
+def fmt(value, unit):
+    """``value`` in ``unit`` as the tables print it ("missing" for None)."""
     if value is None:
         return "missing"
     if unit == "B":
@@ -299,22 +300,32 @@ def _fmt(value, unit):
         return f"{value:g}"
     if unit == "ms":
         return f"{value:.2f} ms"
+    if unit == "%":
+        return f"{value * 100:+.1f} %"
+    if unit == "s/MiB":
+        return f"{value * 1000:.2f} ms/MiB"
     return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
-def render(rows):
-    """The rows as a Markdown table."""
-    lines = [
-        "| figure | value | reference | ratio | target | met |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
-        target = "" if r["target"] is None else f"<= {r['target']:g}"
-        met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        reference = f"{r['reference']} ({_fmt(r['reference_value'], r['unit'])})"
-        cells = [r["figure"], _fmt(r["value"], r["unit"]), reference, ratio, target, met]
-        lines.append("| " + " | ".join(cells) + " |")
+def met_cell(met):
+    """A row's "met" cell: empty without a target, **no** for a miss."""
+    return "" if met is None else ("yes" if met else "**no**")
+
+
+HEADER = ("figure", "value", "reference", "ratio", "target", "met")
+
+
+def _cells(r):
+    ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+    target = "" if r["target"] is None else f"<= {r['target']:g}"
+    reference = f"{r['reference']} ({fmt(r['reference_value'], r['unit'])})"
+    return [r["figure"], fmt(r["value"], r["unit"]), reference, ratio, target, met_cell(r["met"])]
+
+
+def render(rows, header=HEADER, cells=_cells):
+    """The rows as a Markdown table: the ``header``, then ``cells(row)`` for each row."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
