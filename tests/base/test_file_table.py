@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 
 import crc32c as crc32c_package
 import pytest
@@ -100,3 +101,22 @@ def test_a_large_data_file_gets_its_size_only(tmp_path):
     assert listed["m"][1] is not None and listed["m"][2] is not None
     (tmp_path / name).write_bytes(b"v" * 10)
     assert "has 10 bytes" in file_table.problems(path, TABLE)[name]
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        0,
+        1,
+        file_table.SHA_UP_TO,
+        file_table.SHA_UP_TO + 1,
+        file_table._CHUNK,
+        file_table._CHUNK + 3,
+    ],
+)
+def test_a_file_hashes_as_its_bytes_whatever_its_size(tmp_path, size):
+    """Read in one buffer no larger than the file, or in chunks: the entry of its bytes."""
+    data = random.Random(size).randbytes(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    assert file_table.hash_file(str(path)) == file_table.entry_of(data)
