@@ -7,6 +7,11 @@ in the same run on the same disk: a minimal writer that copies the leaves to
 host memory and writes their bytes into one file, fsynced and renamed into
 place. Everything is written under a fresh subdirectory of ``DIR``, removed at
 the end whatever happens (an error, Ctrl-C).
+
+Ctrl-C is recorded while measuring and raised between two timed calls: a
+KeyboardInterrupt that Python raises where a signal lands can be lost (raised
+inside a garbage-collector callback, such as JAX's, it is printed as
+"Exception ignored" and the run went on).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from jaxjob._src.base import fs
+from jaxjob._src.base import fs, preemption
 from jaxjob._src.base.log import get_logger
 from jaxjob._src.cli.bench_shape import Leaf, random_arrays
 
@@ -69,10 +74,21 @@ def check_directory(directory: str) -> str:
     return directory
 
 
+# Ctrl-C while measuring (see the module docstring); set by measure()
+_interrupt: preemption.DeferredInterrupt | None = None
+
+
 def _seconds(call: Callable[[], Any]) -> float:
+    """Seconds ``call`` takes; a Ctrl-C received before it is raised first."""
+    _stop_if_interrupted()
     start = time.perf_counter()
     call()
     return time.perf_counter() - start
+
+
+def _stop_if_interrupted() -> None:
+    if _interrupt is not None:
+        _interrupt.raise_if_received()
 
 
 def _ready(tree: Any) -> Any:
@@ -153,6 +169,7 @@ def _durable_saves(save: Callable[[int], Callable[[], Any]], repeats: int) -> di
     """
     samples: dict[str, list[float]] = {"save_blocked": [], "save_commit": []}
     for i in range(repeats + 1):
+        _stop_if_interrupted()
         start = time.perf_counter()
         wait = save(i)
         blocked = time.perf_counter() - start
@@ -239,12 +256,16 @@ def measure(
         The report: for each figure the medians of jaxjob and of the
         reference in seconds and their ratio, the step alone and the slowdowns.
     """
+    global _interrupt
     scratch = fs.join(directory, f"jaxjob-bench-{uuid.uuid4().hex[:12]}")
     fs.makedirs(scratch)
     try:
         logger.info("measuring under %s", scratch)
-        ours, theirs, alone = _samples(scratch, leaves, repeats, step_seconds)
+        with preemption.DeferredInterrupt() as _interrupt:
+            ours, theirs, alone = _samples(scratch, leaves, repeats, step_seconds)
+            _interrupt.raise_if_received()
     finally:
+        _interrupt = None
         if fs.exists(scratch):
             fs.rmtree(scratch)
     figures = {}
