@@ -22,12 +22,12 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 
-from jaxjob._src.base import fs
+from jaxjob._src.base import crc32c, fs
 from jaxjob._src.base.checks import is_int
 from jaxjob._src.checkpoint import checksum, keypaths, schema, stored_names
 from jaxjob._src.checkpoint.layout import get_ckpt_filename, parse_name
@@ -38,8 +38,11 @@ __all__ = [
     "FORMAT",
     "MANIFEST_FILE",
     "MANIFEST_ITEM",
+    "Layout",
     "Manifest",
+    "assemble",
     "build",
+    "describe",
     "devices_record",
     "read",
     "same_devices",
@@ -51,6 +54,7 @@ MANIFEST_ITEM = "jaxjob"
 MANIFEST_FILE = "manifest.json"
 STATE = "state"
 OUTPUTS = "outputs"
+_LEAVES = "leaves 5d0c8e3a9f2b4c17"  # where a manifest's canonical text has its leaves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +135,7 @@ class Manifest:
             **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
             "leaves": [spec.to_json() for spec in self.leaves.values()],
         }
-        doc[checksum.SELF_KEY] = checksum.doc_checksum(doc)
+        doc[checksum.SELF_KEY] = _doc_checksum(doc, self.leaves.values())
         return doc
 
     @classmethod
@@ -181,6 +185,16 @@ class Manifest:
         )
 
 
+def _doc_checksum(doc: dict[str, Any], specs: Iterable[LeafSpec]) -> int:
+    """``checksum.doc_checksum(doc)``, with each leaf's canonical JSON made once per spec."""
+    text = json.dumps({**doc, "leaves": _LEAVES}, sort_keys=True)
+    head, mark, tail = text.partition(json.dumps(_LEAVES))
+    if text.count(mark) != 1:  # the mark is in a name: the whole document's text, made afresh
+        return checksum.doc_checksum(doc)
+    leaves = ", ".join(spec.canonical_json for spec in specs)
+    return crc32c.of_bytes(f"{head}[{leaves}]{tail}".encode())
+
+
 def _check_format(doc: Any, where: str, file: str) -> None:
     """Refuses a document of another format (a ValueError) or with no format (corrupt)."""
     found = doc.get("format") if isinstance(doc, dict) else None
@@ -227,6 +241,18 @@ def check_name(name: str) -> None:
         )
 
 
+class Layout(NamedTuple):
+    """What the workspace's structure alone decides in a manifest (fields: see :class:`Manifest`).
+
+    ``memory_kinds``: those of the ``jax.Array`` state leaves, sorted (``devices`` records them).
+    """
+
+    state: dict[str, Any]
+    outputs: dict[str, Any]
+    leaves: dict[str, LeafSpec]
+    memory_kinds: list[str]
+
+
 def build(
     epoch: int,
     node: str,
@@ -258,6 +284,13 @@ def build(
         TypeError: Naming the key path of a leaf that cannot be checkpointed.
         ValueError: If a workspace name is unsafe as a path (``..``, absolute, NUL).
     """
+    layout, flat = describe(state, outputs)
+    lineage = {"run": run, "tier": tier, "life": life, "resumed_from": resumed_from}
+    return assemble(layout, epoch, node, owner_process, **lineage), flat
+
+
+def describe(state: Mapping[str, Any], outputs: Mapping[str, Any]) -> tuple[Layout, dict]:
+    """The layout of a save, and each item's leaves by stored name (raises as :func:`build`)."""
     namer = stored_names.Namer()
     structures: dict[str, dict[str, Any]] = {STATE: {}, OUTPUTS: {}}
     leaves: dict[str, LeafSpec] = {}
@@ -270,32 +303,39 @@ def build(
             for stored, leaf, path in found:
                 leaves[stored] = LeafSpec.of(leaf, stored, path)
                 flat[item][stored] = leaf
-    writers = range(jax.process_count()) if owner_process is None else [owner_process]
     kinds = {
         str(leaf.sharding.memory_kind)
         for leaf in flat[STATE].values()
         if isinstance(leaf, jax.Array) and leaf.sharding.memory_kind is not None
     }
-    manifest = Manifest(
+    return Layout(structures[STATE], structures[OUTPUTS], leaves, sorted(kinds)), flat
+
+
+def assemble(
+    layout: Layout, epoch: int, node: str, owner_process: int | None, *, run: str, tier: str,
+    life: str | None, resumed_from: int | None,
+) -> Manifest:  # fmt: skip
+    """The manifest of a save of ``layout`` (the other arguments: see :func:`build`)."""
+    writers = range(jax.process_count()) if owner_process is None else [owner_process]
+    return Manifest(
         epoch=epoch,
         node=node,
         process_count=jax.process_count(),
         owner_process=owner_process,
         time=time.time(),
         run=run,
-        state=structures[STATE],
-        outputs=structures[OUTPUTS],
-        leaves=leaves,
+        state=dict(layout.state),
+        outputs=dict(layout.outputs),
+        leaves=dict(layout.leaves),
         checksums={
             "algorithm": checksum.ALGORITHM,
             "files": [checksum.checksums_file(p) for p in writers],
         },
-        devices=devices_record(sorted(kinds)),
+        devices=devices_record(list(layout.memory_kinds)),
         tier=tier,
         life=life or uuid.uuid4().hex,
         resumed_from=resumed_from,
     )
-    return manifest, flat
 
 
 def devices_record(memory_kinds: list[str]) -> dict[str, Any]:

@@ -18,9 +18,11 @@ import jax
 import numpy as np
 
 from jaxjob._src.checkpoint import stored_names
-from jaxjob._src.checkpoint.leaf_spec import UnstorableLeafError
+from jaxjob._src.checkpoint.leaf_spec import UnstorableLeafError, leaf_key
 
-__all__ = ["flatten", "is_nnx_variable", "unflatten"]
+__all__ = ["flatten", "is_nnx_variable", "signature", "unflatten"]
+
+_PLAIN_KEYS = (str, int, bool)  # dict keys that their type and value describe
 
 
 def _key(key: Any) -> Any:
@@ -106,6 +108,50 @@ def flatten(
         return found
 
     return walk(tree, where, segments), leaves
+
+
+def signature(tree: Any, key: list[Any], leaves: list[Any]) -> bool:
+    """Appends to ``key`` what :func:`flatten` reads of ``tree``, and its leaves to ``leaves``.
+
+    Trees that append equal keys flatten to the same structure and stored names,
+    and their leaves to the same :class:`~jaxjob._src.checkpoint.leaf_spec.LeafSpec` s
+    (:func:`~jaxjob._src.checkpoint.leaf_spec.leaf_key`), in the order ``leaves``
+    has them. Each node appends its kind and keys: a ``dict`` 's ``str``, ``int``
+    or ``bool`` keys with their types, a list's or tuple's length, and any other
+    node's type and, for each child, the key path part, JSON key and name part
+    that :func:`flatten` derives from its key.
+
+    Returns:
+        False, having stopped, at a leaf that no checkpoint stores or at a dict
+        whose keys do not sort (:func:`flatten` raises for both).
+    """
+    if tree is None:
+        key.append(None)
+        return True
+    kind = type(tree)
+    if kind is dict and all(type(k) in _PLAIN_KEYS for k in tree):
+        try:
+            order = sorted(tree)  # JAX's order
+        except TypeError:
+            return False
+        key.append(("dict", *[k if type(k) is str else (type(k), k) for k in order]))
+        return all(signature(tree[k], key, leaves) for k in order)
+    if kind is list or kind is tuple:
+        key.append((kind.__name__, len(tree)))
+        return all(signature(child, key, leaves) for child in tree)
+    if _is_leaf(tree):
+        leaves.append(tree)
+        key.append(leaf_key(tree))
+        return key[-1] is not None
+    children = _pytree_children(tree)
+    key.append(("node", kind, *[_entry_signature(e) for e, _ in children]))
+    return all(signature(child, key, leaves) for _, child in children)
+
+
+def _entry_signature(entry: Any) -> tuple[str, bool, str, str]:
+    """What :func:`flatten` derives from a custom node's key entry: path, None, JSON key, name."""
+    key = _entry_key(entry)
+    return jax.tree_util.keystr((entry,)), key is None, repr(_key(key)), str(key)
 
 
 def _check_unique(keys: list[Any], path: str) -> None:

@@ -25,7 +25,7 @@ import jax
 from jaxjob._src.base import memory, preemption
 from jaxjob._src.base.errors import CheckpointSaveError, as_save_error, with_earlier
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import manifest, run_identity, storage
+from jaxjob._src.checkpoint import manifest, manifest_cache, run_identity, storage
 from jaxjob._src.checkpoint.io import CheckpointIO
 from jaxjob._src.checkpoint.layout import check_epoch, db_name, is_committed
 from jaxjob._src.core.workspace import Workspace, check_names
@@ -101,6 +101,7 @@ class NodeWriter:
         self.run: str | None = None
         self._tier = "persistent"
         self.lineage: tuple[str | None, int | None] = (None, None)  # (life, resumed_from)
+        self._manifests = manifest_cache.ManifestCache()  # the last structure's layout
 
     @property
     def deletes(self) -> bool:
@@ -219,7 +220,7 @@ class NodeWriter:
     def _encode(self, plan: SavePlan, workspace: Mapping[str, Any], outputs: Mapping) -> None:
         """Builds the manifest and the leaves as stored, then moves the path aside."""
         self.run = self.run or run_identity.ensure(self.db_prefix)
-        found, flat = manifest.build(
+        found, flat = self._manifests.build(
             plan.epoch, self.node_name, Workspace(workspace), Workspace(outputs),
             self.owner_process, run=self.run, tier=self.tier,
             life=self.lineage[0], resumed_from=self.lineage[1],
