@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import paths
 import pytest
+from children import interruptible_child
 
 import jaxjob
 from jaxjob import cli
@@ -203,7 +204,10 @@ def test_ctrl_c_removes_the_scratch_directory(tmp_path):
     """SIGINT while measuring: the saves in flight end and the scratch subdirectory is removed."""
     argv = [sys.executable, "-m", "jaxjob.cli", "bench", str(tmp_path), "--bytes", "4MiB"]
     proc = subprocess.Popen(
-        [*argv, "--repeats", "1000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [*argv, "--repeats", "1000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=interruptible_child,
     )
     try:
         deadline = time.monotonic() + 120

@@ -1,6 +1,5 @@
 """Ctrl-C (a real SIGINT) during a save: the save in flight completes, then KeyboardInterrupt."""
 
-import ctypes
 import json
 import os
 import re
@@ -13,23 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import paths
 import pytest
+from children import interruptible_child
 
 import jaxjob
 from jaxjob._src.core.job import EPOCH_COUNTER
 
 SCRIPT = os.path.join(paths.JOBS, "interrupt_job.py")
 SIZE = 1 << 22  # float32: 16 MiB a checkpoint, so that the signal lands in a save
-
-
-def _die_with_parent():
-    """In the child: SIGKILL when the test process dies, and Ctrl-C as a terminal gives it.
-
-    The job starts with SIGINT at its default and unblocked, whatever state the test
-    worker's own threads left (a disposition or mask is inherited across exec).
-    """
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _interrupt(ckpt, after_epoch, delay_s, *extra):
@@ -39,7 +28,7 @@ def _interrupt(ckpt, after_epoch, delay_s, *extra):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=interruptible_child,
     )
     for line in proc.stdout:  # the epoch has run; its save comes next
         if line.strip() == f"EPOCH {after_epoch}":
@@ -101,7 +90,7 @@ def _interrupt_rounds(root, rounds, seed, *extra):
         capture_output=True,
         text=True,
         timeout=600,
-        preexec_fn=_die_with_parent,
+        preexec_fn=interruptible_child,
     )
     assert proc.returncode == 0 and "DONE" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
     records = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line[:6] == "ROUND "]
