@@ -86,6 +86,7 @@ PROCESS, LOOPS = "orbax.checkpoint._src.serialization.ocdbt_process_spec", "orba
 NUMPY, INFO = "orbax.checkpoint:type_handlers.NumpyHandler", "orbax.checkpoint:type_handlers.ParamInfo"  # noqa: E501
 JSON, COMPOSITE = "orbax.checkpoint:JsonCheckpointHandler", "orbax.checkpoint:CompositeCheckpointHandler"  # noqa: E501
 COMPOSITE_OPTIONS = "orbax.checkpoint:CompositeOptions"
+FUTURE = "orbax.checkpoint._src.futures.future"
 DISTRIBUTED, CLIENT = "jax._src.distributed", "jax._src.lib:_jax.DistributedRuntimeClient"
 CORE = "jax.extend.core"
 TMP_ATTRS = ("_tmp_path", "_final_path", "_checkpoint_metadata_store")
@@ -181,6 +182,9 @@ FENCE = [
     Use(COMPOSITE, BASE, "CompositeHandler: the save's fail points", (OH,)),
     Use(f"{COMPOSITE}.async_save", OVERRIDE, "futures it returns are waited on in order",
         (OH,), params=("directory", "args")),
+    Use(FUTURE, MODULE, "Orbax's futures", (OH,)),
+    Use(f"{FUTURE}:ChainedFuture", CLASS, "opened: a failed save's writes all waited for", (OH,)),
+    Use(f"{FUTURE}:ChainedFuture._futures", ATTRIBUTE, "a chained future's members", (OH,)),
     # JAX: the coordination-service client, the process index before a backend, jaxprs
     Use(DISTRIBUTED, MODULE, "jax.distributed's state", (JP,)),
     Use(f"{DISTRIBUTED}:global_state", NAME, "the client and the process id", (JP,)),
@@ -216,6 +220,7 @@ INSTANCES = {
     RENAME.split(":")[1]: lambda cls: cls(_TMP, _FINAL),
     COMMIT.split(":")[1]: lambda cls: cls(_FINAL, _FINAL),
     NUMPY.split(":")[1]: lambda cls: cls(),
+    "ChainedFuture": lambda cls: cls([], cb=lambda: None),
 }
 
 

@@ -65,8 +65,9 @@ class _Observer:
     waits on the returned futures in order, so the first one passes
     ``save.write`` as it starts waiting for the write, the last one
     ``save.commit`` once every write is done and before the commit. The
-    writes are waited for together (:class:`~jaxjob._src.checkpoint.settled.Settled`):
-    a failure surfaces once no write of that save runs any more.
+    writes are waited for together (:class:`~jaxjob._src.checkpoint.settled.Settled`),
+    the members of Orbax's chained futures each on its own: a failure surfaces
+    once no write of that save runs any more.
 
     Args:
         local: A local-tier copy's: its fail points are ``local.save.*``.
@@ -90,7 +91,10 @@ class _Observer:
         else:
             write, commit = settled.FailPoint("save.write"), settled.FailPoint("save.commit")
         failed = settled.post_failure(directory) if self.shared else None
-        return [settled.Settled([write, *futures], on_failure=failed), commit]
+        writes = settled.Settled(
+            [write, *futures], members=orbax_handlers.members(futures), on_failure=failed
+        )
+        return [writes, commit]
 
 
 def composite_handler(

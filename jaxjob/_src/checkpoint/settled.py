@@ -2,10 +2,13 @@
 
 Orbax's background thread waits on a save's commit futures one after the
 other and stops at the first that fails; the others (TensorStore's writes of
-the other leaves and items) go on. jaxjob removes a failed save's temporary
-directory as soon as the failure surfaces, so a write still running then
-created the directory again and left it behind (seen under a full tmpfs).
-:class:`Settled` waits for all of them, then raises the first failure.
+the other leaves and items) go on. So does each of Orbax's chained futures
+(the PyTree handler returns its writes as one: the sharding file's first, the
+arrays' after it). jaxjob removes a failed save's temporary directory as soon
+as the failure surfaces, so a write still running then created the directory
+again and left it behind (seen under a full tmpfs: the arrays' write after the
+sharding file's failed). :class:`Settled` waits for all of them, the members
+of chained futures included, then raises the first failure.
 """
 
 from __future__ import annotations
@@ -59,10 +62,16 @@ class Settled:
         self,
         futures: Sequence[_Future],
         *,
+        members: Sequence[_Future] = (),
         on_failure: Callable[[Exception], None] | None = None,
     ) -> None:
-        """Waits for ``futures``; ``on_failure`` hears of the first failure before it is raised."""
+        """Waits for ``futures``; ``on_failure`` hears of the first failure before it is raised.
+
+        ``members``: what ``futures`` wait on in turn (a chained future's
+        members), each waited for too once one of ``futures`` has failed.
+        """
         self._futures = list(futures)
+        self._members = list(members)
         self._on_failure = on_failure
 
     def result(self, timeout: float | None = None) -> None:
@@ -72,20 +81,27 @@ class Settled:
             Exception: The first future's failure, once the others are done or timed out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        first: Exception | None = None
-        for future in self._futures:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                future.result(timeout=left)
-            except Exception as err:  # kept: raised once the others are done
-                if first is None:
-                    first = err
-                else:
-                    logger.debug("another write of the failed save failed too: %s", err)
+        first = _first_failure(self._futures, deadline)
         if first is not None:
+            _first_failure(self._members, deadline)  # a failed chain left its later members
             if self._on_failure is not None:
                 self._on_failure(first)
             raise first
+
+
+def _first_failure(futures: Sequence[_Future], deadline: float | None) -> Exception | None:
+    """Waits for each of ``futures`` (until ``deadline``); the first failure, or None."""
+    first: Exception | None = None
+    for future in futures:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            future.result(timeout=left)
+        except Exception as err:  # kept: raised once the others are done
+            if first is None:
+                first = err
+            else:
+                logger.debug("another write of the failed save failed too: %s", err)
+    return first
 
 
 def post_failure(directory: Any) -> Callable[[Exception], None]:

@@ -14,10 +14,14 @@
 * **A save jaxjob observes** (:class:`CompositeHandler`): Orbax's composite
   handler with no hook as a save starts nor on the futures its background
   thread waits on (jaxjob's fail points, and writes waited for together);
-  its ``async_save`` is overridden.
+  its ``async_save`` is overridden. :func:`members` opens the chained futures
+  among them (Orbax's PyTree handler returns its writes as one ``ChainedFuture``,
+  which stops at the first that fails), so that every write of a failed save
+  is waited for before its directory is removed.
 
 Private Orbax names used here: ``CompositeCheckpointHandler.async_save``
-(overridden, a public method), ``JsonCheckpointHandler._save_fn``
+(overridden, a public method), ``future.ChainedFuture`` and its
+``_futures``, ``JsonCheckpointHandler._save_fn``
 (overridden), ``type_handlers.NumpyHandler._background_serialize``
 (re-implemented), its ``_metadata_key`` and ``_open_and_write``,
 ``ParamInfo.await_path_creation`` and ``ts_context``,
@@ -37,6 +41,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint._src.futures import future as orbax_future
 from orbax.checkpoint._src.path import async_path
 from orbax.checkpoint._src.serialization import tensorstore_utils
 
@@ -47,6 +52,7 @@ __all__ = [
     "ManifestHandler",
     "ManifestRestore",
     "ManifestSave",
+    "members",
     "private_registry",
 ]
 
@@ -163,6 +169,28 @@ class CompositeHandler(ocp.CompositeCheckpointHandler):
         self.started(directory)
         futures = await super().async_save(directory, args) or []
         return self.settle(directory, futures)
+
+
+def members(futures: Sequence[Any]) -> list[Any]:
+    """The futures that ``futures`` wait on: each chained future's members, recursively.
+
+    Orbax's ``ChainedFuture`` waits on its members in order and stops at the
+    first that fails, while the later ones (TensorStore's writes) go on.
+
+    Example:
+        >>> from orbax.checkpoint._src.futures import future
+        >>> noop = future.NoopFuture()
+        >>> chained = future.ChainedFuture([noop, future.ChainedFuture([noop], cb=print)], cb=print)
+        >>> len(members([chained, noop]))
+        3
+    """
+    found = []
+    for each in futures:
+        if isinstance(each, orbax_future.ChainedFuture):
+            found.extend(members(each._futures))
+        else:
+            found.append(each)
+    return found
 
 
 @ocp.args.register_with_handler(CompositeHandler, for_save=True, for_restore=True)
