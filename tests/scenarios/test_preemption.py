@@ -189,6 +189,36 @@ def test_signal_outside_the_epochs_stops_at_the_nearest_saved_epoch(tmp_path, wh
     assert "exit" not in log
 
 
+class _SignalledWhileResuming(jaxjob.CheckpointManager):
+    """Sends itself SIGUSR1 as the runner asks which epoch to resume from."""
+
+    def get_resume_from_epoch_id(self, user_epoch=None):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return super().get_resume_from_epoch_id(user_epoch)
+
+
+def test_a_signal_during_the_resume_stops_at_the_resumed_epoch(tmp_path):
+    """A preemption signal while the runner decides and restores the resume epoch is honoured
+    once the restore is done: Preempted(the resumed epoch), no epoch run, nothing saved again;
+    the next run resumes from the same epoch and finishes."""
+    runner = jaxjob.JobRunner(
+        _job(5, signal_in_epoch=2), jaxjob.CheckpointManager(str(tmp_path)),
+        preemption_signals=[signal.SIGUSR1],
+    )  # fmt: skip
+    with pytest.raises(jaxjob.Preempted):
+        runner.train(jaxjob.Session())
+    assert _epochs(tmp_path)[-1] == 2
+    log = []
+    ckpt = _SignalledWhileResuming(str(tmp_path))
+    runner = jaxjob.JobRunner(_job(5, log=log), ckpt, preemption_signals=[signal.SIGUSR1])
+    with pytest.raises(jaxjob.Preempted) as raised:
+        runner.train(jaxjob.Session())
+    assert raised.value.epoch == 2 and log == [] and _epochs(tmp_path)[-1] == 2
+    session = jaxjob.Session()
+    runner = jaxjob.JobRunner(_job(5), jaxjob.CheckpointManager(str(tmp_path)))
+    assert runner.train(session) == 5 and float(session.workspace["x"]) == 5.0
+
+
 class _DenyingHandler(jaxjob.DiskMetadataHandler):
     """Reports the checkpoint directory as not writable from the ``deny_from``-th check on."""
 
