@@ -141,10 +141,23 @@ def _every_node(state: Mapping[str, Any]) -> dict[tuple[str, ...], tuple[str, tu
     }
 
 
+_WILDCARDS = frozenset("*?[")  # fnmatch's: a segment without them matches itself only
+
+
 def select_one(state: Mapping[str, Any], pattern: str) -> list[Selection]:
     """The outermost subtrees of ``state`` (name -> structure) that ``pattern`` matches."""
+    return _select_one(_every_node(state), pattern)
+
+
+def _select_one(every: Mapping[tuple[str, ...], tuple], pattern: str) -> list[Selection]:
+    """:func:`select_one` over ``every`` node (:func:`_every_node`).
+
+    A pattern without wildcards is looked up, not matched against every node:
+    a restore of 250 names out of 1000 leaves matched 250 x 1000 key paths.
+    """
     wanted = split(pattern)
-    every = _every_node(state)
+    if not _WILDCARDS.intersection(pattern):
+        return [Selection(join(wanted), *every[wanted])] if wanted in every else []
     chosen = _outermost([full for full in every if match(wanted, full)])
     return [Selection(join(full), *every[full]) for full in chosen]
 
@@ -179,9 +192,10 @@ def select(
     """
     if patterns is None:
         return whole(state)
+    every = _every_node(state)  # once, not once per pattern
     chosen: dict[str, Selection] = {}
     for pattern in patterns:
-        found = select_one(state, pattern)
+        found = _select_one(every, pattern)
         if not found:
             raise KeyError(
                 f"leaves [{pattern!r}] match nothing{where}; close key paths: "
