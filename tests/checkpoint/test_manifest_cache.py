@@ -40,8 +40,15 @@ def _workspace(scale=1, **changes):
 
 
 def _build(state, outputs=None, cache=None, epoch=3):
-    build = cache.build if cache else manifest.build
-    found, flat = build(epoch, "n", state, outputs or {}, None, run="0" * 32, life="1" * 32)
+    """A manifest as a writer builds it with ``cache``, else as ``manifest.build`` does."""
+    lineage = {"run": "0" * 32, "life": "1" * 32}
+    if cache is None:
+        found, flat = manifest.build(epoch, "n", state, outputs or {}, None, **lineage)
+    else:
+        layout, flat = cache.describe(state, outputs or {})
+        found = manifest.assemble(
+            layout, epoch, "n", None, tier="persistent", resumed_from=None, **lineage
+        )
     return dataclasses.replace(found, time=0.0), flat
 
 
@@ -207,8 +214,12 @@ def ws(scale, **changes):
         **changes,
     }
 def build(state, cache=None):
-    found, _ = (cache.build if cache else manifest.build)(
-        1, "n", state, {}, None, run="0" * 32, life="1" * 32)
+    lineage = {"run": "0" * 32, "life": "1" * 32}
+    if cache is None:
+        found, _ = manifest.build(1, "n", state, {}, None, **lineage)
+    else:
+        found = manifest.assemble(cache.describe(state, {})[0], 1, "n", None,
+                                  tier="persistent", resumed_from=None, **lineage)
     return dataclasses.replace(found, time=0.0)
 def text(found):
     return json.dumps(found.to_json(), sort_keys=True)

@@ -44,15 +44,19 @@ def structure_key(
 
 
 class ManifestCache:
-    """Builds one writer's manifests, describing each structure once (the last one is kept).
+    """Describes one writer's saves, each structure once (the last one is kept).
+
+    :meth:`describe` is :func:`~jaxjob._src.checkpoint.manifest.describe`,
+    cached; the writer assembles each save's manifest from the layout
+    (:func:`~jaxjob._src.checkpoint.manifest.assemble`).
 
     Example:
         >>> import numpy as np
         >>> cache = ManifestCache()
-        >>> first, _ = cache.build(0, "n", {"w": np.ones(2)}, {}, None, run="0" * 32)
-        >>> second, flat = cache.build(1, "n", {"w": np.zeros(2)}, {}, None, run="0" * 32)
-        >>> second.leaves == first.leaves, second.epoch, flat["state"]["w"]
-        (True, 1, array([0., 0.]))
+        >>> first, _ = cache.describe({"w": np.ones(2)}, {})
+        >>> second, flat = cache.describe({"w": np.zeros(2)}, {})
+        >>> second is first, flat["state"]["w"]
+        (True, array([0., 0.]))
     """
 
     def __init__(self) -> None:
@@ -60,31 +64,19 @@ class ManifestCache:
         self._layout: manifest.Layout | None = None
         self._names: dict[str, list[str]] = {}
 
-    def build(
-        self,
-        epoch: int,
-        node: str,
-        state: Mapping[str, Any],
-        outputs: Mapping[str, Any],
-        owner_process: int | None,
-        *,
-        run: str,
-        tier: str = "persistent",
-        life: str | None = None,
-        resumed_from: int | None = None,
-    ) -> tuple[manifest.Manifest, dict[str, dict[str, Any]]]:
-        """As :func:`~jaxjob._src.checkpoint.manifest.build`, and raises as it does."""
+    def describe(
+        self, state: Mapping[str, Any], outputs: Mapping[str, Any]
+    ) -> tuple[manifest.Layout, dict[str, dict[str, Any]]]:
+        """As :func:`~jaxjob._src.checkpoint.manifest.describe`, and raises as it does."""
         key, leaves = structure_key(state, outputs)
-        if key is not None and key == self._key:
-            layout = self._layout
+        if key is not None and key == self._key and self._layout is not None:
             flat = {
                 item: dict(zip(self._names[item], leaves[item], strict=True)) for item in leaves
             }
-        else:
-            layout, flat = manifest.describe(state, outputs)
-            self._remember(key, layout, flat, leaves)
-        lineage = {"run": run, "tier": tier, "life": life, "resumed_from": resumed_from}
-        return manifest.assemble(layout, epoch, node, owner_process, **lineage), flat
+            return self._layout, flat
+        layout, flat = manifest.describe(state, outputs)
+        self._remember(key, layout, flat, leaves)
+        return layout, flat
 
     def _remember(
         self,

@@ -220,10 +220,10 @@ class NodeWriter:
     def _encode(self, plan: SavePlan, workspace: Mapping[str, Any], outputs: Mapping) -> None:
         """Builds the manifest and the leaves as stored, then moves the path aside."""
         self.run = self.run or run_identity.ensure(self.db_prefix)
-        found, flat = self._manifests.build(
-            plan.epoch, self.node_name, Workspace(workspace), Workspace(outputs),
-            self.owner_process, run=self.run, tier=self.tier,
-            life=self.lineage[0], resumed_from=self.lineage[1],
+        layout, flat = self._manifests.describe(Workspace(workspace), Workspace(outputs))
+        found = manifest.assemble(
+            layout, plan.epoch, self.node_name, self.owner_process, run=self.run,
+            tier=self.tier, life=self.lineage[0], resumed_from=self.lineage[1],
         )  # fmt: skip
         metrics = retention.metrics_of(self.required_outputs, outputs, workspace)
         plan.found = dataclasses.replace(found, metrics=metrics)
