@@ -4,6 +4,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,45 @@ def cpu_seconds():
     """This process's CPU time so far, every thread's (user + system), in seconds."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def count_compiles():
+    """A list that grows by one per XLA compilation in this process (its seconds)."""
+    import jax
+
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    return compiles
+
+
+def drop_epoch(directory, epoch):
+    """Removes what a resumed run saved for ``epoch`` under ``directory``, so the next resumes
+    from the epoch before: Orbax's step directory ``<epoch>``; jaxjob's ``<node>.<epoch>`` and
+    the lines about it in ``jaxjob_metadata.jsonl`` and its epoch records
+    (``.jaxjob/history/<node>.jsonl``)."""
+    for name in os.listdir(directory):
+        if name == str(epoch) or name.endswith(f".{epoch}"):
+            shutil.rmtree(os.path.join(directory, name))
+    history = os.path.join(directory, ".jaxjob", "history")
+    names = os.listdir(history) if os.path.isdir(history) else []
+    for path in [os.path.join(directory, "jaxjob_metadata.jsonl")] + [
+        os.path.join(history, name) for name in names if name.endswith(".jsonl")
+    ]:
+        if os.path.exists(path):
+            with open(path) as f:
+                kept = [line for line in f if _epoch_of(json.loads(line)) != epoch]
+            with open(path, "w") as f:
+                f.writelines(kept)
+
+
+def _epoch_of(line):
+    """The epoch a metadata or history line is about (None: none)."""
+    return line.get("epoch", line.get("record", {}).get("epoch"))
 
 
 def summary(values):

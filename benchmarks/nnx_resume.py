@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
-from common import result_of, summary  # noqa: E402
+from common import count_compiles, drop_epoch, result_of, summary  # noqa: E402
 
 
 def _example(steps):
@@ -38,20 +38,6 @@ def _example(steps):
 
     nnx_lm.STEPS = steps  # read when the epoch is traced, by its job and by the Orbax loop
     return nnx_lm
-
-
-def _count_compiles():
-    """A list that grows by one per XLA compilation in this process."""
-    import jax
-
-    compiles = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(duration)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    return compiles
 
 
 def _log_times(start, marks):
@@ -82,7 +68,7 @@ def run_jaxjob(directory, epochs, steps):
     import jaxjob
 
     nnx_lm = _example(steps)
-    compiles = _count_compiles()
+    compiles = count_compiles()
     start = time.perf_counter()
     phases = _log_times(start, {"decided_s": "Resuming from epoch", "restored_s": "Starting epoch"})
     done = {}
@@ -112,7 +98,7 @@ def run_orbax(directory, epochs, steps):
     from flax import nnx
 
     nnx_lm = _example(steps)
-    compiles = _count_compiles()
+    compiles = count_compiles()
     start = time.perf_counter()
     phases = {}
     tokens = nnx_lm.tokenize(nnx_lm.corpus())
@@ -203,7 +189,7 @@ def main():
         order = ["jaxjob", "orbax"] if r % 2 == 0 else ["orbax", "jaxjob"]
         for kind in order:  # one more epoch, saved, then removed
             results[kind].append(_child(kind, base[kind], args.epochs + 1, args.steps))
-            _drop_epoch(kind, base[kind], args.epochs + 1)
+            drop_epoch(base[kind], args.epochs + 1)
     fields = ("seconds", "decided_s", "restored_s", "compiles", "compile_s", "compiles_total")
     out = {
         kind: {field: summary([r[field] for r in runs if field in r]) for field in fields}
@@ -215,31 +201,6 @@ def main():
     out["epochs"], out["steps"] = args.epochs, args.steps
     out["wall_s"] = time.perf_counter() - wall
     print("RESULT " + json.dumps(out))
-
-
-def _drop_epoch(kind, directory, epoch):
-    """Removes what a resumed run of ``kind`` saved for ``epoch``: Orbax's step directory;
-    jaxjob's ``<node>.<epoch>`` directory and the lines about it in ``jaxjob_metadata.jsonl``
-    and in its epoch records (``.jaxjob/history/<node>.jsonl``)."""
-    for name in os.listdir(directory):
-        if name == str(epoch) or name.endswith(f".{epoch}"):
-            shutil.rmtree(os.path.join(directory, name))
-    if kind == "jaxjob":
-        history = os.path.join(directory, ".jaxjob", "history")
-        names = os.listdir(history) if os.path.isdir(history) else []
-        for path in [os.path.join(directory, "jaxjob_metadata.jsonl")] + [
-            os.path.join(history, name) for name in names if name.endswith(".jsonl")
-        ]:
-            if os.path.exists(path):
-                with open(path) as f:
-                    kept = [line for line in f if _epoch_of(json.loads(line)) != epoch]
-                with open(path, "w") as f:
-                    f.writelines(kept)
-
-
-def _epoch_of(line):
-    """The epoch a metadata or history line is about (None: none)."""
-    return line.get("epoch", line.get("record", {}).get("epoch"))
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ counts its XLA compilations (JAX's ``backend_compile`` events). Prints one
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import result_of, summary  # noqa: E402
+from common import count_compiles, drop_epoch, result_of, summary  # noqa: E402
 
 VOCAB, DIM, LAYERS, HEADS, SEQ, BATCH, STEPS = 256, 384, 4, 6, 64, 8, 4
 
@@ -86,20 +85,6 @@ def model():
     return init, step, batch
 
 
-def _count_compiles():
-    """A list that grows by one per XLA compilation in this process."""
-    import jax
-
-    compiles = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(duration)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    return compiles
-
-
 def transformer_job(epochs, steps=STEPS):
     """The transformer as a ``jaxjob.Job``: init makes the parameters, the Adam state and an
     epoch counter; each epoch trains ``steps`` steps; ``epochs`` epochs."""
@@ -131,7 +116,7 @@ def run_jaxjob(directory, epochs, first_step_only):
 
     import jaxjob
 
-    compiles = _count_compiles()
+    compiles = count_compiles()
     job = transformer_job(epochs)
     start = time.perf_counter()
     done = {}
@@ -154,7 +139,7 @@ def run_orbax(directory, epochs, first_step_only):
     import jax
     import orbax.checkpoint as ocp
 
-    compiles = _count_compiles()
+    compiles = count_compiles()
     init, step, batch = model()
     start = time.perf_counter()
     manager = ocp.CheckpointManager(directory)
@@ -217,7 +202,7 @@ def main():
         order = ["jaxjob", "orbax"] if r % 2 == 0 else ["orbax", "jaxjob"]
         for kind in order:  # epoch 3's first step; jaxjob's epoch 3 is saved, then removed
             results[kind].append(_child(kind, base[kind], 3, first_step_only=True))
-            _drop_epoch(kind, base[kind], 3)
+            drop_epoch(base[kind], 3)
         results["rerun"].append(_child("jaxjob", base["jaxjob"], 2))
     out = {
         kind: {field: summary([r[field] for r in runs]) for field in ("seconds", "compiles")}
@@ -225,20 +210,6 @@ def main():
     }
     out["ratio"] = out["jaxjob"]["seconds"]["median"] / out["orbax"]["seconds"]["median"]
     print("RESULT " + json.dumps(out))
-
-
-def _drop_epoch(kind, directory, epoch):
-    """Removes what a resumed run of ``kind`` saved for ``epoch`` (the next round resumes at 2)."""
-    for name in os.listdir(directory):
-        if name in (f"local.{epoch}", str(epoch)):
-            shutil.rmtree(os.path.join(directory, name))
-    if kind == "jaxjob":
-        meta = os.path.join(directory, "jaxjob_metadata.jsonl")
-        if os.path.exists(meta):
-            with open(meta) as f:
-                kept = [line for line in f if json.loads(line).get("epoch") != epoch]
-            with open(meta, "w") as f:
-                f.writelines(kept)
 
 
 if __name__ == "__main__":
