@@ -21,8 +21,9 @@
   for ``rss``), then each restores them in full from the page cache; ``torch.load``
   too where torch is installed.
 * ``rss``: in this fresh process, the peak RSS of one full restore (``method``
-  ``jaxjob`` or ``orbax``) of what ``restore`` saved under ``dir``, less the RSS
-  before it, over the workspace's bytes.
+  ``jaxjob``, ``jaxjob-budget`` under ``max_host_bytes`` = the workspace / 8, or
+  ``orbax``) of what ``restore`` saved under ``dir``, less the RSS before it, over
+  the workspace's bytes; ``jaxjob-save-budget``: the same of a save under that budget.
 
 Methods run in an order rotated by ``order``. Prints one ``RESULT {json}`` line.
 """
@@ -48,6 +49,7 @@ from common import (  # noqa: E402
     timed,
     workspace_arrays,
 )
+from peer_table import BUDGET_PART  # noqa: E402
 
 import jaxjob  # noqa: E402
 
@@ -283,25 +285,49 @@ def _torch_round(host, path):
 
 
 def rss_mode(spec):
+    ws_bytes = spec["leaves"] * spec["leaf_bytes"]
+    budget = ws_bytes // BUDGET_PART if spec["method"].endswith("-budget") else None
+    if spec["method"] == "jaxjob-save-budget":
+        return _save_rss(spec, budget)
     shape = (spec["leaf_bytes"] // 4,)  # workspace_arrays' float32 leaves
     ws_like = {f"l{i:03d}": jax.ShapeDtypeStruct(shape, np.float32) for i in range(spec["leaves"])}
-    root = os.path.join(spec["dir"], spec["method"])
-    if spec["method"] == "jaxjob":
-        _block(jaxjob.restore(root, epoch=0, leaves=["l000"]))  # imports what a restore needs
-        restore = lambda: _block(jaxjob.restore(root, epoch=0))  # noqa: E731
+    if spec["method"].startswith("jaxjob"):
+        root = os.path.join(spec["dir"], "jaxjob")
+        # imports what a restore needs
+        _block(jaxjob.restore(root, epoch=0, leaves=["l000"], max_host_bytes=budget))
+        restore = lambda: _block(jaxjob.restore(root, epoch=0, max_host_bytes=budget))  # noqa: E731
     else:
-        path = os.path.join(root, "0", "default")
+        path = os.path.join(spec["dir"], spec["method"], "0", "default")
         _orbax_restore(path, ws_like, ["l000"])
         restore = lambda: _orbax_restore(path, ws_like)  # noqa: E731
+    return _peak_of(restore, ws_bytes)
+
+
+def _peak_of(run, ws_bytes):
+    """Peak RSS growth of ``run()`` over the RSS before it, over ``ws_bytes``."""
     gc.collect()
     start = rss()
     reset_peak_rss()
-    out = restore()
+    out = run()
     peak = peak_rss()
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    ws_bytes = spec["leaves"] * spec["leaf_bytes"]
     del out
     return {"peak_x": (peak - start) / ws_bytes, "ru_maxrss_x": (max_rss - start) / ws_bytes}
+
+
+def _save_rss(spec, budget):
+    """A save's peak RSS under ``max_host_bytes=budget``, beside the workspace it saves."""
+    ws = _jax_workspace(spec)
+    ckpt = jaxjob.CheckpointManager(os.path.join(spec["dir"], "save-budget"), max_host_bytes=budget)
+    ckpt.save(0, {"l000": ws["l000"]})  # imports what a save needs
+    ckpt.wait_until_finished()
+
+    def save():
+        ckpt.save(1, ws)
+        ckpt.wait_until_finished()
+
+    # growth over the RSS with the workspace held: 1 + peak_x is the save's peak over it
+    return _peak_of(save, spec["leaves"] * spec["leaf_bytes"])
 
 
 MODES = {"save": save_mode, "tiny": tiny_mode, "restore": restore_mode, "rss": rss_mode}

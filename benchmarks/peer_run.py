@@ -193,12 +193,12 @@ def _tiny(plan, child, work, log):
 def _peak_rss(spec, child, log):
     """{method: peak_x} of a full restore, jaxjob's and Orbax's each in a fresh process.
 
-    The two run at the same time: a process's peak RSS does not depend on the clock.
+    Also jaxjob's restore and save under ``max_host_bytes`` (``peer_bench.BUDGET_PART``).
+    Two run at a time: a process's peak RSS does not depend on the clock.
     """
-    log("peers: peak RSS of jaxjob's and Orbax's restores (fresh processes)")
-    argv = {
-        m: [BENCH, json.dumps(spec | {"mode": "rss", "method": m})] for m in ("jaxjob", "orbax")
-    }
+    log("peers: peak RSS of jaxjob's and Orbax's restores, and under a budget (fresh processes)")
+    methods = ("jaxjob", "orbax", "jaxjob-budget", "jaxjob-save-budget")
+    argv = {m: [BENCH, json.dumps(spec | {"mode": "rss", "method": m})] for m in methods}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         found = dict(zip(argv, pool.map(child, argv.values()), strict=True))
     return {method: result.get("peak_x") for method, result in found.items()}

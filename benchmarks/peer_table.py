@@ -20,6 +20,7 @@ TINY_FSYNCS = 4
 TINY_RESTORE_S = 0.005
 RESTORE_X = 1.5  # full restore <= 1.5x safetensors' load
 RESTORE_RSS_X = 1.15  # peak RSS of a full restore <= 1.15x the workspace
+BUDGET_PART = 4  # the budget rows' max_host_bytes: the workspace's bytes / 8
 RERUN_S = 1.0  # a finished job's re-run <= 1 s after the imports
 
 # The issue's rows that benchmarks/ cannot measure yet, and why.
@@ -179,7 +180,19 @@ def _restore_rows(leaves, leaf_bytes, found):
              "workspace", _fixed(1.0), "x", target=RESTORE_RSS_X),
         _row(f"peak RSS of a full restore / workspace, {size}: Orbax", _stat(o, "peak_rss_x"),
              "workspace", _fixed(1.0), "x"),
+        _row(f"peak RSS of a full restore / workspace, {size}, max_host_bytes = workspace/"
+             f"{BUDGET_PART}", _stat(found.get("jaxjob-budget", {}), "peak_rss_x"),
+             "workspace + budget", _fixed(1 + 1 / BUDGET_PART), "x", target=1.0),
+        _row(f"peak RSS of a save beside the workspace / workspace, {size}, max_host_bytes = "
+             f"workspace/{BUDGET_PART}", _plus_one(found.get("jaxjob-save-budget", {})),
+             "workspace + budget", _fixed(1 + 1 / BUDGET_PART), "x", target=1.0),
     ]  # fmt: skip
+
+
+def _plus_one(found):
+    """A save's peak RSS growth over the workspace as a peak over nothing (1 + growth)."""
+    stat = _stat(found, "peak_rss_x")
+    return {k: 1 + v for k, v in stat.items() if k in ("median", "min", "max")} if stat else None
 
 
 def _slowdown(found, method, figure="epoch_s", extra=False):

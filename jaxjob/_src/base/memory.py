@@ -14,9 +14,15 @@ the out-of-memory killer would end the job in the middle of the write.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import threading
 
-__all__ = ["SAVE_OVERHEAD", "available_bytes", "check_room"]
+from jaxjob._src.base.log import get_logger
+
+__all__ = ["SAVE_OVERHEAD", "available_bytes", "check_room", "return_freed_buffers"]
+
+logger = get_logger(__name__)
 
 SAVE_OVERHEAD = 1.0  # host bytes a save uses beside the workspace, per byte it writes
 _V1 = "/sys/fs/cgroup/memory"
@@ -122,13 +128,17 @@ def _room(*, reclaim: bool) -> int | None:
     return min(known) if known else None
 
 
-def check_room(nbytes: int, what: str) -> None:
+def check_room(nbytes: int, what: str, budget: int | None = None) -> None:
     """Raises if a save writing ``nbytes`` from this process would not fit in its memory.
+
+    Under a host-memory ``budget`` (``max_host_bytes``) the save needs at
+    most that much beside the workspace.
 
     Raises:
         MemoryError: Giving the bytes needed and the bytes available.
     """
     need = int(SAVE_OVERHEAD * nbytes)
+    need = need if budget is None else min(need, budget)
     lower = _room(reclaim=False)  # enough without reading memory.stat: the usual case
     if lower is None or need <= lower:
         return
@@ -142,3 +152,48 @@ def check_room(nbytes: int, what: str) -> None:
         "it was not started, so the job is not killed mid-write; free host memory, raise the "
         "limit, or save less per process"
     )
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_MMAP_THRESHOLD = 2**20  # buffers of 1 MiB or more: mapped, and unmapped when freed
+_returned = threading.Lock()
+_returning: bool | None = None  # None: not tried yet
+
+
+def return_freed_buffers() -> bool:
+    """Makes glibc's ``malloc`` give freed buffers of 1 MiB or more back to the kernel at once.
+
+    glibc raises its mmap threshold each time a mapped buffer is freed (up
+    to 32 MiB), after which buffers of up to that size come from per-thread
+    arenas that keep them once freed. TensorStore's read and write buffers
+    are freed from its own threads, so a restore's peak resident memory was
+    up to 1.7x the workspace while what was in flight was far less
+    (``benchmarks/README.md``). A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``,
+    what ``MALLOC_MMAP_THRESHOLD_`` sets for a whole program) stops that.
+    It is process-wide, so jaxjob sets it only under a host-memory budget
+    (``max_host_bytes``), once. Elsewhere than glibc it does nothing.
+
+    Returns:
+        Whether the threshold is fixed (False where ``malloc`` is not glibc's).
+
+    Example:
+        >>> return_freed_buffers() in (True, False)
+        True
+    """
+    global _returning
+    with _returned:
+        if _returning is None:
+            _returning = _mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+            if not _returning:
+                logger.info("malloc is not glibc's: freed buffers are returned as it decides")
+        return _returning
+
+
+def _mallopt(param: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(param, value) == 1

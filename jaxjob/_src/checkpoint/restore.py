@@ -10,7 +10,7 @@ from typing import Any
 from jaxjob._src.base import fs
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.base.log import get_logger
-from jaxjob._src.checkpoint import files, keypaths, manifest, run_identity, storage
+from jaxjob._src.checkpoint import files, host_budget, keypaths, manifest, run_identity, storage
 from jaxjob._src.checkpoint import targets as targets_lib
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.checkpoint.io import CheckpointIO
@@ -84,6 +84,7 @@ def restore(
     target: Mapping[str, Any] | None = None,
     sharding: Any = None,
     host_map: HostMap | None = None,
+    max_host_bytes: int | None = None,
 ) -> Workspace:
     """Restores a committed checkpoint, or some of its leaves, without the model code.
 
@@ -129,6 +130,11 @@ def restore(
             another number of processes: for each process here, the saved
             process whose copy it gets (a callable or a sequence). With the
             same process count each process gets its own copy.
+        max_host_bytes: A host-memory budget: the leaves are read in groups
+            of at most this many bytes, one group after the other, so that
+            the restore's peak resident memory stays within the restored
+            workspace plus this budget (a leaf larger than it is read
+            alone). Default: every leaf at once, the fastest.
 
     Returns:
         A workspace of the restored keys.
@@ -150,7 +156,8 @@ def restore(
         ValueError: If a target differs from the checkpoint in structure, a
             shape or a dtype (naming the key path, both values, the epoch and
             the directory), or host-local leaves were saved by another number
-            of processes and ``host_map`` is None.
+            of processes and ``host_map`` is None, or ``max_host_bytes`` is
+            not None nor a positive int.
 
     Example:
         >>> import tempfile, jax, jax.numpy as jnp
@@ -176,9 +183,10 @@ def restore(
     leaves = None if leaves is None else list(leaves)  # read twice if a retry reads again
     check_names(leaves or (), "leaves")
     check_names(target or {}, "target")
+    budget = host_budget.check_budget(max_host_bytes)
     dirs = checkpoint_dirs(path, epoch, node_name)
     request = _Request(
-        fs.normalize(path, "path"), epoch, node_name, leaves, target, sharding, host_map
+        fs.normalize(path, "path"), epoch, node_name, leaves, target, sharding, host_map, budget
     )
     return _restore_listed(request, dirs)
 
@@ -194,6 +202,7 @@ class _Request:
     target: Mapping[str, Any] | None
     sharding: Any
     host_map: HostMap | None
+    max_host_bytes: int | None
 
 
 def _restore_listed(request: _Request, dirs: list[str], retries: int = _RETRIES) -> Workspace:
@@ -253,7 +262,7 @@ def _read(request: _Request, dirs: list[str]) -> Workspace:
     result: dict[str, Any] = {}
     for d, found in manifests.items():
         mine = {k: sel for k, sel in chosen.items() if sel.name in found.state}
-        result.update(_restore_one(d, found, mine, target, request.sharding, request.host_map))
+        result.update(_restore_one(d, found, mine, request))
         whole = {sel.name for sel in mine.values()} == set(found.state) and not any(
             sel.segments for sel in mine.values()
         )
@@ -282,7 +291,7 @@ def _check_sharding_keys(
     targets_lib.check_sharding_paths(sharding, chosen, state)
 
 
-def _restore_one(path, found, chosen, target, sharding, host_map) -> dict[str, Any]:
+def _restore_one(path: str, found: Any, chosen: Any, request: _Request) -> dict[str, Any]:
     if not chosen:
         return {}
     with CheckpointIO(path, storage.stored_codec(found)) as reader:
@@ -291,8 +300,9 @@ def _restore_one(path, found, chosen, target, sharding, host_map) -> dict[str, A
             path,
             found,
             chosen,
-            targets=target,
-            sharding=sharding,
-            host_map=host_map,
+            targets=request.target,
+            sharding=request.sharding,
+            host_map=request.host_map,
             filtered_states=True,
+            max_host_bytes=request.max_host_bytes,
         )

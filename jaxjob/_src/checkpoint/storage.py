@@ -28,10 +28,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxjob._src.base import fs
+from jaxjob._src.base import fs, memory
 from jaxjob._src.base.errors import CorruptCheckpointError
 from jaxjob._src.base.leaves import Kind
-from jaxjob._src.checkpoint import checksum, codec, hostlocal, keypaths, leaf_check
+from jaxjob._src.checkpoint import checksum, codec, host_budget, hostlocal, keypaths, leaf_check
 from jaxjob._src.checkpoint import targets as targets_lib
 from jaxjob._src.checkpoint.io import CheckpointIO
 from jaxjob._src.checkpoint.leaf_spec import LeafSpec
@@ -120,6 +120,7 @@ def restore_selected(
     sharding: Any = None,
     host_map: hostlocal.HostMap | None = None,
     filtered_states: bool = False,
+    max_host_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Restores the selected subtrees of one item of the checkpoint directory ``path``, by key.
 
@@ -134,7 +135,9 @@ def restore_selected(
     JAX's default device. Host-local leaves come back as this process's own
     copy, or as the copy of the saved process that ``host_map`` gives for it.
     With ``filtered_states`` (``jaxjob.restore``), an ``nnx.State`` target
-    filtered by Variable type reads only its own Variables.
+    filtered by Variable type reads only its own Variables. With
+    ``max_host_bytes`` the leaves are read in groups of at most that many
+    bytes, one after the other (:mod:`jaxjob._src.checkpoint.host_budget`).
 
     Raises:
         CorruptCheckpointError: If a leaf read does not match its checksum or
@@ -163,14 +166,22 @@ def restore_selected(
     all_specs = [manifest.leaves[n] for n in abstracts]
     rows = _rows(manifest, all_specs, host_map)
     restore_item = {s.name: store.target(s, abstracts[s.name], rows) for s in all_specs}
-    volume = 16 * sum(math.prod(s.shape) for s in all_specs)  # at most 16 bytes an element
-    restored = fs.bounded(
-        path,
-        "the read",
-        lambda: _read(reader, path, manifest, item, restore_item),
-        timeout_s=fs.transfer_bound_s(path, volume) if fs.is_remote(path) else None,
-    )
-    _check(path, manifest, item, all_specs, restored)
+    sizes = {n: host_budget.host_bytes(t) for n, t in restore_item.items()}
+    if max_host_bytes is not None:
+        memory.return_freed_buffers()
+    records = checksum.read_records(path, manifest)
+    restored: dict[str, Any] = {}
+    for group in host_budget.groups(sizes, max_host_bytes):  # one group without a budget
+        part = {n: restore_item[n] for n in group}
+        volume = 16 * sum(math.prod(manifest.leaves[n].shape) for n in group)  # <=16 B an element
+        read = fs.bounded(
+            path,
+            "the read",
+            lambda part=part: _read(reader, path, manifest, item, part),
+            timeout_s=fs.transfer_bound_s(path, volume) if fs.is_remote(path) else None,
+        )
+        _check(path, manifest, item, [manifest.leaves[n] for n in group], read, records)
+        restored.update(read)
     leaves = {s.name: store.decode(restored[s.name], s, abstracts[s.name], rows) for s in all_specs}
     return {key: p.build(leaves) for key, p in plans.items()}
 
@@ -229,13 +240,19 @@ def _check_shards_here(path: str, manifest: Manifest) -> None:
     )
 
 
-def _check(path: str, manifest: Manifest, item: str, specs, restored: Mapping[str, Any]) -> None:
+def _check(
+    path: str,
+    manifest: Manifest,
+    item: str,
+    specs: Iterable[LeafSpec],
+    restored: Mapping[str, Any],
+    records: Mapping[str, Any],
+) -> None:
     """Checks every restored shard against its checksum (CorruptCheckpointError if one differs).
 
     A local-tier copy's every restored shard must have a record: one the
     copy does not hold (another sharding than it was saved with) is refused.
     """
-    records = checksum.read_records(path, manifest)
     lines = []
     for spec in specs:
         value = restored[spec.name]

@@ -70,6 +70,12 @@ class CheckpointManager(ManagerCore):
             process: it ends at most this long after the last abandoned call
             (status 1 after an uncaught exception, else 0). None:
             ``$JAXJOB_STORAGE_TIMEOUT_S``, else 120 s.
+        max_host_bytes: A host-memory budget in bytes, for a workspace larger
+            than the host memory left beside it: restores and resumes read
+            the leaves in groups of at most this many bytes, and a save makes
+            no copy of the workspace larger than it, so that either stays
+            within the workspace plus the budget in resident memory (see
+            :class:`~jaxjob.CheckpointOptions`). None: no budget, the fastest.
         owner_process: Makes this node's checkpoints private to one process
             (the caffe2 style, where each process runs its own node): only
             that process saves them, any process may read them, and neither
@@ -129,6 +135,7 @@ class CheckpointManager(ManagerCore):
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
         storage_timeout_s: float | None = None,
+        max_host_bytes: int | None = None,
         owner_process: int | None = None,
         keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
         options: CheckpointOptions | None = None,
@@ -141,6 +148,7 @@ class CheckpointManager(ManagerCore):
             write_timeout_s=write_timeout_s,
             host_map=host_map,
             storage_timeout_s=storage_timeout_s,
+            max_host_bytes=max_host_bytes,
         )
         super().__init__(db_prefix, db_type, metadata_handler, options, keep=keep, local=local)
         node_name = check_node_name(node_name)

@@ -49,6 +49,8 @@ class MultiNodeCheckpointManager(ManagerCore):
             (see :class:`~jaxjob.CheckpointManager`).
         storage_timeout_s: How long an object-store operation may take (see
             :class:`~jaxjob.CheckpointManager`).
+        max_host_bytes: A host-memory budget for saves and restores (see
+            :class:`~jaxjob.CheckpointOptions`).
         node_processes: The caffe2 style across processes: ``{node: process}``
             for nodes whose checkpoints one process alone saves (each process
             runs its own :class:`~jaxjob.Node`). A process saves and
@@ -92,6 +94,7 @@ class MultiNodeCheckpointManager(ManagerCore):
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         host_map: HostMap | None = None,
         storage_timeout_s: float | None = None,
+        max_host_bytes: int | None = None,
         node_processes: Mapping[str, int] | None = None,
         keep: keep_lib.Policy | Sequence[keep_lib.Policy] | None = None,
         options: CheckpointOptions | None = None,
@@ -104,6 +107,7 @@ class MultiNodeCheckpointManager(ManagerCore):
             write_timeout_s=write_timeout_s,
             host_map=host_map,
             storage_timeout_s=storage_timeout_s,
+            max_host_bytes=max_host_bytes,
         )
         super().__init__(
             db_prefix, db_type, metadata_handler, options, keep=keep, local=local, keyed=True

@@ -29,6 +29,7 @@ class NodeReader:
         codec: The node's codec (``storage.codec_for``): a private one reads on
             this process alone. Each checkpoint is decoded as its manifest says.
         host_map: How host-local leaves are resumed on another process count.
+        max_host_bytes: The host-memory budget of a restore (None: none).
         committed: Lists the committed epochs, for error messages.
     """
 
@@ -40,10 +41,12 @@ class NodeReader:
         codec: Codec,
         host_map: HostMap | None,
         committed: Callable[[], list[int]],
+        max_host_bytes: int | None = None,
     ) -> None:
         self.db_prefix = db_prefix
         self.node_name = node_name
         self.host_map = host_map
+        self.max_host_bytes = max_host_bytes
         self._committed = committed
         self._manifests: dict[str, manifest.Manifest] = {}
         self._damaged: dict[str, dict[str, str]] = {}  # data files no read has explained yet
@@ -91,7 +94,14 @@ class NodeReader:
         structure = found.structure(item)
         chosen = {n: keypaths.Selection(n, n, (), structure[n]) for n in names}
         restored = storage.restore_selected(
-            self._io, path, found, chosen, item=item, targets=targets, host_map=self.host_map
+            self._io,
+            path,
+            found,
+            chosen,
+            item=item,
+            targets=targets,
+            host_map=self.host_map,
+            max_host_bytes=self.max_host_bytes,
         )
         whole = item == storage.STATE and set(names) == set(structure)
         files.unread(path, found.epoch, self._damaged.get(path, {}), whole=whole)

@@ -15,6 +15,7 @@ import jax
 
 from jaxjob._src.base import fs
 from jaxjob._src.base.checks import is_int, is_number
+from jaxjob._src.checkpoint import host_budget
 from jaxjob._src.checkpoint.hostlocal import HostMap
 from jaxjob._src.multihost import hosts
 
@@ -76,6 +77,15 @@ class CheckpointOptions:
             fails naming the endpoint; a save or restore of the arrays may
             take that plus their bytes at 1 MiB/s. None:
             ``$JAXJOB_STORAGE_TIMEOUT_S``, else 120 s.
+        max_host_bytes: A host-memory budget in bytes, for workspaces larger
+            than the host memory left beside them. A restore (and a resume)
+            reads the leaves in groups of at most this many bytes, and a
+            save makes no copy of the workspace larger than it, so that
+            either stays within the workspace plus the budget in resident
+            memory (a leaf larger than the budget is read alone). It also
+            makes glibc's ``malloc`` return freed buffers to the kernel at
+            once, process-wide (glibc's ``mallopt``). None: no
+            budget, the fastest.
 
     Example:
         >>> import jaxjob
@@ -92,6 +102,7 @@ class CheckpointOptions:
     write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     host_map: HostMap | None = None
     storage_timeout_s: float | None = None
+    max_host_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.async_save, bool):
@@ -108,6 +119,7 @@ class CheckpointOptions:
                     f"${fs.STORAGE_TIMEOUT_ENV} or 120), got {self.storage_timeout_s!r}"
                 )
             object.__setattr__(self, "storage_timeout_s", seconds)
+        object.__setattr__(self, "max_host_bytes", host_budget.check_budget(self.max_host_bytes))
         if self.host_map is not None and not isinstance(self.host_map, Callable | Sequence):
             raise ValueError(
                 f"host_map must be None, a callable or a sequence of process indices, got "

@@ -40,15 +40,24 @@ __all__ = ["SMALL_SAVE_BYTES", "detach", "eligible", "exclusive", "submit"]
 SMALL_SAVE_BYTES = 128 * 2**20
 
 
-def eligible(path: str, nbytes: int | None, *, async_save: bool) -> bool:
+def eligible(
+    path: str, nbytes: int | None, *, async_save: bool, max_host_bytes: int | None = None
+) -> bool:
     """Whether the save of ``nbytes`` to ``path`` starts on the worker thread.
 
     An async save of at most :data:`SMALL_SAVE_BYTES` to a local filesystem in a
-    one-process job. Object stores keep their bounded start on the training
+    one-process job, and within ``max_host_bytes`` (its copy is held beside the
+    workspace). Object stores keep their bounded start on the training
     thread, and a multi-process save its barriers in step with the job's
     other collectives.
+
+    Example:
+        >>> eligible("/tmp/ckpt", 2**20, async_save=True, max_host_bytes=2**19)
+        False
     """
     if not async_save or nbytes is None or nbytes > SMALL_SAVE_BYTES:
+        return False
+    if max_host_bytes is not None and nbytes > max_host_bytes:
         return False
     return jax.process_count() == 1 and not fs.is_remote(path)
 

@@ -87,6 +87,7 @@ class NodeWriter:
             node_name,
             codec=storage.codec_for(self.private),
             host_map=options.host_map,
+            max_host_bytes=options.max_host_bytes,
             committed=committed or (lambda: []),
         )
         self.failures: list[CheckpointSaveError] = []
@@ -229,7 +230,11 @@ class NodeWriter:
         plan.found = dataclasses.replace(found, metrics=metrics)
         plan.encoded, plan.digests = storage.encode(plan.found, flat, self.io.codec)
         plan.bytes = storage.nbytes(plan.encoded)
-        memory.check_room(plan.bytes, f"the save of epoch {plan.epoch} to {plan.path!r}")
+        memory.check_room(
+            plan.bytes,
+            f"the save of epoch {plan.epoch} to {plan.path!r}",
+            self.options.max_host_bytes,
+        )
         if not (self._lock and self._lock.holds()):  # a holder's prefix: checked with its lock
             prepare_prefix(self.db_prefix)
         self.reader.forget(plan.path)
@@ -291,7 +296,14 @@ class NodeWriter:
             self.io.drain_failed()
         self.retry_failed()  # what earlier failed saves' threads left after them
         self.last = (path, Stats(epoch, plan.bytes))
-        background = background_start.eligible(path, plan.bytes, async_save=self.options.async_save)
+        background = background_start.eligible(
+            path,
+            plan.bytes,
+            async_save=self.options.async_save,
+            max_host_bytes=self.options.max_host_bytes,
+        )
+        if self.options.max_host_bytes is not None:
+            memory.return_freed_buffers()
         deferred = preemption.DeferredInterrupt()
         try:
             saving.add(path)
