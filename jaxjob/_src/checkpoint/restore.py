@@ -202,7 +202,7 @@ class _Request:
     target: Mapping[str, Any] | None
     sharding: Any
     host_map: HostMap | None
-    max_host_bytes: int | None
+    max_host_bytes: int | None = None
 
 
 def _restore_listed(request: _Request, dirs: list[str], retries: int = _RETRIES) -> Workspace:

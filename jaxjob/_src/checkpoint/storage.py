@@ -169,9 +169,9 @@ def restore_selected(
     sizes = {n: host_budget.host_bytes(t) for n, t in restore_item.items()}
     if max_host_bytes is not None:
         memory.return_freed_buffers()
-    records = checksum.read_records(path, manifest)
+    records: Mapping[str, Any] | None = None  # read after the first read, as without groups
     restored: dict[str, Any] = {}
-    for group in host_budget.groups(sizes, max_host_bytes):  # one group without a budget
+    for group in host_budget.groups(sizes, max_host_bytes) or [[]]:  # one without a budget
         part = {n: restore_item[n] for n in group}
         volume = 16 * sum(math.prod(manifest.leaves[n].shape) for n in group)  # <=16 B an element
         read = fs.bounded(
@@ -180,6 +180,7 @@ def restore_selected(
             lambda part=part: _read(reader, path, manifest, item, part),
             timeout_s=fs.transfer_bound_s(path, volume) if fs.is_remote(path) else None,
         )
+        records = checksum.read_records(path, manifest) if records is None else records
         _check(path, manifest, item, [manifest.leaves[n] for n in group], read, records)
         restored.update(read)
     leaves = {s.name: store.decode(restored[s.name], s, abstracts[s.name], rows) for s in all_specs}
