@@ -7,7 +7,8 @@ itself mid-epoch, sleeps mid-epoch, or has its save of that epoch fail;
 (a preemption: each process prints ``PREEMPTED {json}`` and exits 75);
 ``deny``: ``[epoch, process]`` where that process's metadata handler reports the
 checkpoints as not accessible at that epoch's save;
-``policy`` (on_save_error), ``timeout_s``, ``host_map`` ("mod2"), ``save_every_epochs``.
+``policy`` (on_save_error), ``timeout_s``, ``host_map`` ("mod2"), ``save_every_epochs``,
+``max_host_bytes`` (a host-memory budget: the resume reads the leaves in groups).
 It prints one ``RESULT {json}`` line per process.
 """
 
@@ -142,6 +143,7 @@ def main() -> int:
         timeout_s=OPTS.get("timeout_s", 60),
         write_timeout_s=OPTS.get("write_timeout_s", 60),
         host_map=host_map,
+        max_host_bytes=OPTS.get("max_host_bytes"),
     )
     runner = jaxjob.JobRunner(
         job,

@@ -167,7 +167,8 @@ def test_peer_that_never_arrives_times_out_naming_it(tmp_path):
 
 
 def test_restore_two_by_four_on_other_topologies(tmp_path):
-    """A 2 process x 4 device checkpoint restores exactly on 1x1, 1x8, 4x2; resumes on 4x2."""
+    """A 2 process x 4 device checkpoint restores exactly on 1x1, 1x8, 4x2, also under a
+    host-memory budget (leaf by leaf); resumes on 4x2 under that budget."""
     status, output, _ = launch(2, 4, "mp_job.py", tmp_path, 2)
     assert status == 0, output[-4000:]
     saved = lines(output, "RESULT")[0]["digest"]
@@ -177,6 +178,7 @@ def test_restore_two_by_four_on_other_topologies(tmp_path):
         assert status == 0, output[-4000:]
         restored = lines(output, "RESTORED")[0]
         assert restored["digest"] == saved and restored["w_shards"] == devices
+        assert restored["budget_digest"] == saved
         assert restored["cursor"] == [2, 2]
         assert (
             "saved by 2 processes but this job has 1; pass host_map" in restored["host_map_error"]
@@ -186,8 +188,10 @@ def test_restore_two_by_four_on_other_topologies(tmp_path):
     restored = lines(output, "RESTORED")
     for process in range(4):
         assert restored[process]["digest"] == saved and restored[process]["w_sharding"]
+        assert restored[process]["budget_digest"] == saved
         assert restored[process]["cursor"] == [1000 * (process % 2) + 2, 2]
-    status, output, _ = launch(4, 2, "mp_job.py", tmp_path, 3, opts={"host_map": "mod2"})
+    opts = {"host_map": "mod2", "max_host_bytes": 64}  # the resume reads leaf by leaf
+    status, output, _ = launch(4, 2, "mp_job.py", tmp_path, 3, opts=opts)
     assert status == 0, output[-4000:]
     resumed = lines(output, "RESULT")
     for process in range(4):
