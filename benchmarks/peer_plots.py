@@ -1,7 +1,7 @@
 """Issue 37's figures as the series docs/performance.md plots, from results.json's "peers" entry.
 
 Each group that ``python benchmarks/run.py --rows issue37`` measures (slowdown, blocked, tiny,
-restore, rerun) becomes panels: jaxjob's figure first, then its references measured in the
+restore, rerun, nnx) becomes panels: jaxjob's figure first, then its references measured in the
 same run, each as its median and the least and greatest sample, and the issue's target as a
 line where the figure has one. :func:`ratios` gives every row of the table with a target as
 a ratio to its reference; :func:`not_measured` the rows with no number, and why. The numbers
@@ -15,13 +15,14 @@ from typing import NamedTuple
 import peer_table
 from peer_table import _fixed, _per_mib, _size, _stat
 
-GROUPS = ("slowdown", "blocked", "tiny", "restore", "rerun")
+GROUPS = ("slowdown", "blocked", "tiny", "restore", "rerun", "nnx")
 TITLES = {
     "slowdown": "the transformer's loop (56 leaves) saving every epoch",
     "blocked": "saves of many leaves: blocked time, CPU, commit; partial restore",
     "tiny": "a tiny checkpoint",
     "restore": "full restore from the page cache",
     "rerun": "re-run of a finished job: train() to its return",
+    "nnx": "one-epoch resume of the flax NNX transformer",
 }
 NO_PEERS = (
     'This results.json has no issue-37 run (no "peers" entry): '
@@ -86,6 +87,7 @@ def panels(peers, group):
         "tiny": lambda: _tiny(found, *plan["tiny"]),
         "restore": lambda: _restore(found, *plan["big"]),
         "rerun": lambda: [_rerun(runs, n) for n, runs in found.items()],
+        "nnx": lambda: [_nnx(found)],
     }[group]()
     return [p for p in made if p is not None]
 
@@ -237,6 +239,7 @@ def _tiny(found, leaves, leaf_bytes):
 
 def _restore(found, leaves, leaf_bytes):
     size = f"{_size(leaves * leaf_bytes)} in {leaves} leaves"
+    part = peer_table.BUDGET_PART
     safetensors = _stat(found, "safetensors", "restore")
     return [
         _panel(f"full restore, {size}", "s",
@@ -250,6 +253,15 @@ def _restore(found, leaves, leaf_bytes):
                [_bar("jaxjob", _stat(found, "jaxjob", "peak_rss_x"), True),
                 _bar(ORBAX, _stat(found, "orbax", "peak_rss_x"))],
                peer_table.RESTORE_RSS_X, f"target: {peer_table.RESTORE_RSS_X:g}x"),
+        _panel(f"peak RSS of a restore, max_host_bytes = workspace/{part}, {size}", "x",
+               [_bar("jaxjob", _stat(found, "jaxjob-budget", "peak_rss_x"), True),
+                _bar("jaxjob without a budget", _stat(found, "jaxjob", "peak_rss_x")),
+                _bar("workspace + budget", _fixed(1 + 1 / part))],
+               1 + 1 / part, "workspace + budget"),
+        _panel(f"peak RSS of a save, max_host_bytes = workspace/{part}, {size}", "x",
+               [_bar("jaxjob", peer_table.plus_one(found.get("jaxjob-save-budget", {})), True),
+                _bar("workspace + budget", _fixed(1 + 1 / part))],
+               1 + 1 / part, "workspace + budget"),
     ]  # fmt: skip
 
 
@@ -263,6 +275,17 @@ def _rerun(runs, leaves):
         ],
         peer_table.RERUN_S,
         f"target: {peer_table.RERUN_S:g} s",
+    )
+
+
+def _nnx(found):
+    orbax = _stat(found, "orbax", "seconds")
+    return _panel(
+        f"{found.get('leaves', '?')} leaves, to the epoch's results",
+        "s",
+        [_bar("jaxjob", _stat(found, "jaxjob", "seconds"), True), _bar("plain Orbax", orbax)],
+        _limit(orbax, peer_table.NNX_RESUME_X),
+        f"target: {peer_table.NNX_RESUME_X:g}x plain Orbax's",
     )
 
 

@@ -22,7 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(HERE, "peer_bench.py")
 LOOP = os.path.join(HERE, "peer_loop.py")
 RERUN = os.path.join(HERE, "peer_rerun.py")
-GROUPS = ("blocked", "tiny", "restore", "slowdown", "rerun")
+NNX = os.path.join(HERE, "nnx_resume.py")
+GROUPS = ("blocked", "tiny", "restore", "slowdown", "rerun", "nnx")
 LOOP_METHODS = ["plain", "jaxjob", "orbax", "minimal"]
 SYNCS = ("fsync", "fdatasync", "syncfs", "sync", "sync_file_range", "msync")
 THREADS = ("clone", "clone3")  # a thread (or process) started
@@ -269,8 +270,20 @@ def _rerun(plan, child, work, log):
     return {str(n): _merge(runs) for n, runs in wrapped.items()}
 
 
+def _nnx(plan, child, work, log):
+    """The flax NNX transformer's one-epoch resume, jaxjob against plain Orbax (nnx_resume.py).
+
+    Its own fresh processes, alternating; its RESULT as it prints it.
+    """
+    nnx = plan["nnx"]
+    log(f"peers: the NNX transformer's one-epoch resume, {nnx['rounds']} rounds (and Orbax's)")
+    argv = [NNX, tempfile.mkdtemp(dir=work), "--rounds", str(nnx["rounds"])]
+    argv += ["--epochs", str(nnx["epochs"]), "--steps", str(nnx["steps"])]
+    return child(argv, timeout=nnx["timeout"])
+
+
 def measure(plan, groups, child, work, log):
     """{group: raw figures} for each of ``groups`` (names in :data:`GROUPS`)."""
     steps = {"blocked": _blocked, "tiny": _tiny, "restore": _restore, "slowdown": _slowdown}
-    steps["rerun"] = _rerun
+    steps |= {"rerun": _rerun, "nnx": _nnx}
     return {group: steps[group](plan, child, work, log) for group in groups}

@@ -24,14 +24,8 @@ BUDGET_PART = 4  # the budget rows' max_host_bytes: the workspace's bytes / 8
 RERUN_S = 1.0  # a finished job's re-run <= 1 s after the imports
 
 # The issue's rows that benchmarks/ cannot measure yet, and why.
-NOT_MEASURED = [
-    (
-        "one-epoch resume of the NNX transformer",
-        "plain Orbax, 2 compiles each",
-        "restart.py (--rows issue11) resumes the plain-JAX transformer against plain Orbax, "
-        "not the NNX one",
-    ),
-]
+NOT_MEASURED: list[tuple[str, str, str]] = []  # (figure, reference, why) of rows not measured
+NNX_RESUME_X = 1.1  # the NNX transformer's one-epoch resume <= 1.1x plain Orbax's
 
 
 def _stat(tree, *keys):
@@ -184,12 +178,12 @@ def _restore_rows(leaves, leaf_bytes, found):
              f"{BUDGET_PART}", _stat(found.get("jaxjob-budget", {}), "peak_rss_x"),
              "workspace + budget", _fixed(1 + 1 / BUDGET_PART), "x", target=1.0),
         _row(f"peak RSS of a save beside the workspace / workspace, {size}, max_host_bytes = "
-             f"workspace/{BUDGET_PART}", _plus_one(found.get("jaxjob-save-budget", {})),
+             f"workspace/{BUDGET_PART}", plus_one(found.get("jaxjob-save-budget", {})),
              "workspace + budget", _fixed(1 + 1 / BUDGET_PART), "x", target=1.0),
     ]  # fmt: skip
 
 
-def _plus_one(found):
+def plus_one(found):
     """A save's peak RSS growth over the workspace as a peak over nothing (1 + growth)."""
     stat = _stat(found, "peak_rss_x")
     return {k: 1 + v for k, v in stat.items() if k in ("median", "min", "max")} if stat else None
@@ -243,6 +237,19 @@ def _rerun_rows(found):
     return rows
 
 
+def _nnx_rows(found):
+    """The NNX transformer's one-epoch resume against plain Orbax's (``nnx_resume.py``)."""
+    compiles = [_stat(found, k, "compiles") for k in ("jaxjob", "orbax")]
+    each = "/".join(f"{c['median']:g}" if c else "?" for c in compiles)
+    leaves = found.get("leaves", "?")
+    return [
+        _row(f"one-epoch resume of the NNX transformer ({leaves} leaves), to its epoch's results",
+             _stat(found, "jaxjob", "seconds"), f"plain Orbax (compiles: {each})",
+             _stat(found, "orbax", "seconds"), target=NNX_RESUME_X,
+             why=f"not measured: {found['error']}" if "error" in found else None),
+    ]  # fmt: skip
+
+
 def build_rows(peers, plan):
     """Every row of issue 37's table from :func:`peer_run.measure`'s results and the plan."""
     rows = _slowdown_rows(peers["slowdown"]) if "slowdown" in peers else []
@@ -256,7 +263,9 @@ def build_rows(peers, plan):
         rows += _restore_rows(*plan["big"], peers["restore"])
     if "rerun" in peers:
         rows += _rerun_rows(peers["rerun"])
-    if set(peers) >= {"blocked", "tiny", "restore", "slowdown", "rerun"}:
+    if "nnx" in peers:
+        rows += _nnx_rows(peers["nnx"])
+    if set(peers) >= {"blocked", "tiny", "restore", "slowdown", "rerun", "nnx"}:
         rows += [
             _row(f, None, ref, None, why=f"not measured: {why}") for f, ref, why in NOT_MEASURED
         ]

@@ -9,10 +9,11 @@
 ``--rows`` picks the tables: ``issue11`` (the default) and issue 37's groups
 ``blocked`` (56 and 1000 leaves: blocked time, CPU per saved MiB, commit against raw1,
 partial restore against Orbax), ``tiny`` (10 x 64 KiB: commit with its fsyncs, restore,
-against safetensors and raw1), ``restore`` (512 MiB against safetensors; peak RSS) and
-``slowdown`` (the transformer's loop saving every epoch through jaxjob, Orbax and the
-minimal writer, against not saving) and ``rerun`` (a finished job's re-run at 335 and
-3000 leaves).
+against safetensors and raw1), ``restore`` (512 MiB against safetensors; peak RSS, also
+under ``max_host_bytes``), ``slowdown`` (the transformer's loop saving every epoch through
+jaxjob, Orbax and the minimal writer, against not saving), ``rerun`` (a finished job's
+re-run at 335 and 3000 leaves) and ``nnx`` (the flax NNX transformer's one-epoch resume
+against plain Orbax's, ``nnx_resume.py``).
 
 Every measurement runs in a fresh child process (clean RSS, no warm caches of
 another method); the storage methods alternate within a child, their order
@@ -71,6 +72,7 @@ FULL = {
         "rss_rounds": 3,
         "loop": {"epochs": 10, "steps": 4, "skip": 2, "rounds": 3, "one_process": False},
         "rerun": {"leaves": [335, 3000], "rounds": 3, "timeout": 300},
+        "nnx": {"rounds": 3, "epochs": 2, "steps": 20, "timeout": 1800},
     },
 }
 QUICK = {
@@ -100,6 +102,7 @@ QUICK = {
         "rss_rounds": 1,
         "loop": {"epochs": 2, "steps": 1, "skip": 1, "rounds": 1, "one_process": True, "dim": 96},
         "rerun": {"leaves": [30, 100], "rounds": 1, "timeout": 300},
+        "nnx": {"rounds": 1, "epochs": 1, "steps": 2, "timeout": 600},
     },
 }
 ROWS = {"issue11": ("issue11",), "issue37": peer_run.GROUPS, "all": ("issue11", *peer_run.GROUPS)}
