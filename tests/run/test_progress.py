@@ -2,6 +2,7 @@
 
 import fcntl
 import importlib.util
+import io
 import os
 import pty
 import re
@@ -165,3 +166,37 @@ def test_progress_in_a_jupyter_kernel(tmp_path):
             assert re.fullmatch(pattern, line), line
     else:
         assert len(widgets) == 1 and "epoch 1  loss" not in stdout
+
+
+class _Writes(io.StringIO):
+    """A stdout that keeps each ``write`` call apart (a Ctrl-C can only come between two)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def write(self, text):
+        self.calls.append(text)
+        return super().write(text)
+
+    def isatty(self):
+        return False
+
+
+def test_each_plain_line_is_one_write_with_its_newline(monkeypatch):
+    """A KeyboardInterrupt between two writes of a line left it open, and whatever came next
+    (a log line, the caller's own output) joined it; each line is now written whole."""
+    from jaxjob._src.run.progress import Progress
+
+    out = _Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    progress = Progress(["loss"], [], display=True)
+    for epoch in (1, 2):
+        values = progress.values(epoch, {"loss": 0.5 / epoch})
+        progress.epoch_done(epoch, values, epoch_time_s=0.25, save_time_s=0.0)
+    progress.close()
+    lines = [call for call in out.calls if call]
+    assert lines == [
+        "epoch 1  loss 0.5000  time 0.250s  save 0.000s\n",
+        "epoch 2  loss 0.2500  time 0.250s  save 0.000s\n",
+    ]

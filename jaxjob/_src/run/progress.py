@@ -186,7 +186,10 @@ class Progress:
 
     def _show(self, record: dict[str, Any]) -> None:
         if self._bar is None and not _live_bar():
-            print(format_line(record), file=sys.stdout, flush=True)
+            # one write with its newline: a Ctrl-C between print's two writes left the line
+            # open, and the next output (a log line, the caller's) joined it
+            sys.stdout.write(format_line(record) + "\n")
+            sys.stdout.flush()
             return
         if self._bar is None:
             from tqdm.auto import tqdm
