@@ -10,7 +10,8 @@ with one (durable) tier and once by a hand-written loop on Orbax's
 every epoch. Then, alternating, fresh processes resume each and run exactly one more
 epoch: jaxjob's job with one more epoch allowed, the Orbax loop restoring the newest
 step into the abstract state of a freshly built model (``nnx.eval_shape``,
-``jax.eval_shape``). The clock starts after the imports and stops when that epoch's
+``jax.eval_shape``). The clock starts after the imports (jaxjob's lazy ones, Orbax among
+them, included) and stops when that epoch's
 results are ready; the epoch it wrote is then removed, so every round resumes from the
 same epoch. Each process also counts its XLA compilations (JAX's ``backend_compile``
 events) and notes when it had decided where to resume and when the restore was done.
@@ -67,6 +68,7 @@ def run_jaxjob(directory, epochs, steps):
 
     import jaxjob
 
+    jaxjob.JobRunner, jaxjob.CheckpointManager  # noqa: B018 (jaxjob imports these, and Orbax, lazily)
     nnx_lm = _example(steps)
     compiles = count_compiles()
     start = time.perf_counter()
