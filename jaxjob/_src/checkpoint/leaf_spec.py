@@ -181,8 +181,12 @@ class LeafSpec:
         return entry
 
     @classmethod
-    def from_json(cls, entry: Any) -> LeafSpec:
+    def from_json(cls, entry: Any, *, checked: bool = False) -> LeafSpec:
         """Reads a manifest entry, refusing any that a save does not write.
+
+        ``checked``: the caller has checked ``entry`` already (a whole
+        manifest's :func:`~jaxjob._src.checkpoint.schema.check`), so it is not
+        checked again.
 
         Raises:
             ValueError: Naming the leaf and what is wrong: a missing or unknown
@@ -190,7 +194,8 @@ class LeafSpec:
                 a shape that is negative, too large or wrong for the kind, or
                 ``nbytes`` disagreeing with dtype and shape.
         """
-        schema.check_leaf(entry)
+        if not checked:
+            schema.check_leaf(entry)
         return cls(
             entry["name"],
             entry["path"],

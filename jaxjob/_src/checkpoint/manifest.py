@@ -175,7 +175,8 @@ class Manifest:
             run=doc["run"],
             state=doc[STATE],
             outputs=doc[OUTPUTS],
-            leaves={e["name"]: LeafSpec.from_json(e) for e in doc["leaves"]},
+            # schema.check above checked every entry: each is read, not checked again
+            leaves={e["name"]: LeafSpec.from_json(e, checked=True) for e in doc["leaves"]},
             checksums=doc["checksums"],
             metrics={name: float(value) for name, value in doc["metrics"].items()},
             devices=doc["devices"],
