@@ -106,19 +106,23 @@ def _label(entry: Any) -> str:
     return _show(entry)
 
 
+_KINDS = tuple(Kind)  # made once: a manifest checks thousands of entries
+
+
 def _check_leaf(entry: Any) -> None:
     _keys(entry, LEAF_KEYS, "the entry")
     name, path, kind, shape = entry["name"], entry["path"], entry["kind"], entry["shape"]
     stored_names.check(name)  # an Orbax key and, without OCDBT, directories
     _require(isinstance(path, str), "path", path, "a key path string")
-    _require(kind in list(Kind), "kind", kind, f"one of {[str(k) for k in Kind]}")
-    dtypes.check(Kind(kind), entry["dtype"], entry["impl"])
+    _require(kind in _KINDS, "kind", kind, f"one of {[str(k) for k in Kind]}")
+    kind = Kind(kind)
+    dtypes.check(kind, entry["dtype"], entry["impl"])
     dims = isinstance(shape, list) and len(shape) <= MAX_DIMS
     dims = dims and all(is_int(d) and d >= 0 for d in shape)
     _require(dims, "shape", shape, f"a list of at most {MAX_DIMS} ints >= 0")
-    _check_size(Kind(kind), entry["dtype"], tuple(shape), entry["nbytes"])
+    _check_size(kind, entry["dtype"], tuple(shape), entry["nbytes"])
     device, arrays = entry["device"], (Kind.JAX, Kind.PRNG_KEY)
-    index = is_int(device) and 0 <= device < MAX_DEVICES and Kind(kind) in arrays
+    index = is_int(device) and 0 <= device < MAX_DEVICES and kind in arrays
     expected = f"null, or for a {' or '.join(map(str, arrays))} leaf an int in [0, {MAX_DEVICES})"
     _require(device is None or index, "device", device, expected)
 
