@@ -167,3 +167,28 @@ def test_a_save_within_the_budget_still_copies_on_the_training_thread_only_when_
     assert background_start.eligible("/tmp/x", small, async_save=True)
     assert background_start.eligible("/tmp/x", small, async_save=True, max_host_bytes=small)
     assert not background_start.eligible("/tmp/x", small, async_save=True, max_host_bytes=small - 1)
+
+
+def test_a_check_of_every_leaf_reads_batches_within_the_budget(tmp_path, monkeypatch):
+    """The resume decision's and verify()'s read of every leaf: in batches of at most the
+    budget (256 MiB without one), through the manager's reader too."""
+    from jaxjob._src.checkpoint.io import CheckpointIO
+
+    ws = {f"w{i}": jnp.arange(1000, dtype=jnp.float32) + i for i in range(6)}  # 4000 B each
+    ckpt = jaxjob.CheckpointManager(str(tmp_path), max_host_bytes=9000)
+    ckpt.save(0, ws)
+    ckpt.wait_until_finished()
+    batches = []
+    real = CheckpointIO.restore
+
+    def spying(self, path, item, tree):
+        if item == "state":
+            batches.append(sum(host_budget.host_bytes(t) for t in tree.values()))
+        return real(self, path, item, tree)
+
+    monkeypatch.setattr(CheckpointIO, "restore", spying)
+    assert ckpt.verify(0) == []  # the manager's reader, under its budget
+    assert batches and max(batches) <= 9000 and sum(batches) >= 6 * 4000, batches
+    batches.clear()
+    assert jaxjob.CheckpointManager(str(tmp_path)).verify(0) == []  # no budget: one batch
+    assert len(batches) == 1 and batches[0] >= 6 * 4000, batches

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxjob._src.base import memory
 from jaxjob._src.base.leaves import Kind
 from jaxjob._src.checkpoint import checksum, hostlocal, manifest
 from jaxjob._src.checkpoint.checksum import Record
@@ -77,31 +78,42 @@ def _first_line(err: BaseException) -> str:
 BATCH_BYTES = 256 * 2**20
 
 
-def check_all(reader: Any, path: str, found: Any, records: Mapping[str, list[Record]]) -> list[str]:
+def check_all(
+    reader: Any,
+    path: str,
+    found: Any,
+    records: Mapping[str, list[Record]],
+    *,
+    max_host_bytes: int | None = None,
+) -> list[str]:
     """Reads every stored leaf of ``path`` with ``reader`` and checks it: a line per problem.
 
-    The leaves are read in batches of at most :data:`BATCH_BYTES`, each by one
+    The leaves are read in batches of at most :data:`BATCH_BYTES` (or of
+    ``max_host_bytes``, a host-memory budget, if smaller), each by one
     Orbax restore: Orbax reads the item's metadata once per restore, so reading
     leaf by leaf costs time quadratic in the leaf count (a 3000-leaf checkpoint
     took minutes). A batch that does not read is read again leaf by leaf, to
     name the damaged leaves.
     """
+    limit = BATCH_BYTES if max_host_bytes is None else min(BATCH_BYTES, max_host_bytes)
+    if max_host_bytes is not None:
+        memory.return_freed_buffers()
     lines: list[str] = []
     for item in (manifest.STATE, manifest.OUTPUTS):
         specs = [s for name in found.structure(item) for s in found.specs(item, name)]
-        for batch in _batches(specs, found):
+        for batch in _batches(specs, found, limit):
             lines += _check_batch(reader, path, item, batch, found, records)
     return lines
 
 
-def _batches(specs: list[Any], found: Any) -> list[list[Any]]:
-    """``specs`` in order, in runs of at most :data:`BATCH_BYTES` (a larger one alone)."""
+def _batches(specs: list[Any], found: Any, limit: int = BATCH_BYTES) -> list[list[Any]]:
+    """``specs`` in order, in runs of at most ``limit`` bytes (a larger one alone)."""
     batches: list[list[Any]] = []
     size = 0
     for spec in specs:
         stored = _stored(spec, found)
         nbytes = int(np.prod(stored.shape)) * np.dtype(stored.dtype).itemsize
-        if not batches or size + nbytes > BATCH_BYTES:
+        if not batches or size + nbytes > limit:
             batches.append([])
             size = 0
         batches[-1].append(spec)

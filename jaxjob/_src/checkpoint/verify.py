@@ -84,6 +84,7 @@ def verify_checkpoint(
     found: manifest.Manifest | None = None,
     data: bool = True,
     db_prefix: str | None = None,
+    max_host_bytes: int | None = None,
 ) -> list[str]:
     """The problems of the checkpoint directory ``path``: one line each (see :func:`verify`).
 
@@ -102,6 +103,8 @@ def verify_checkpoint(
             spares the second read, as the resume decision does).
         db_prefix: The db_prefix it was listed under: its manifest must
             name that prefix's run (:mod:`jaxjob._src.checkpoint.run_identity`).
+        max_host_bytes: A host-memory budget: the leaves are read in batches
+            of at most this many bytes.
 
     Example:
         >>> import tempfile, jax.numpy as jnp, jaxjob
@@ -123,10 +126,10 @@ def verify_checkpoint(
     except (OSError, ValueError) as err:
         return [f"{path}: unreadable ({type(err).__name__}): {err}"]
     if reader is not None:
-        lines = leaf_check.check_all(reader, path, found, records)
+        lines = leaf_check.check_all(reader, path, found, records, max_host_bytes=max_host_bytes)
     else:
         with CheckpointIO.alone(path) as alone:
-            lines = leaf_check.check_all(alone, path, found, records)
+            lines = leaf_check.check_all(alone, path, found, records, max_host_bytes=max_host_bytes)
     # a damaged data file whose leaves name it already is said once; bytes no leaf reads, here
     named = [
         str(checksum.corrupt(found.epoch, path, line))

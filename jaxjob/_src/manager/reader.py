@@ -133,8 +133,12 @@ class NodeReader:
             path, found = self.checkpoint(epoch, path_prefix)
         except ValueError as err:  # an unreadable manifest: verify_checkpoint says so, in its words
             path = db_name(check_epoch(epoch), self.node_name, self.db_prefix, path_prefix)
-            return verify.verify_checkpoint(path, data=data) or [str(err)]  # another run's
-        return verify.verify_checkpoint(path, reader=self._io, found=found, data=data)
+            budget = self.max_host_bytes
+            lines = verify.verify_checkpoint(path, data=data, max_host_bytes=budget)
+            return lines or [str(err)]  # another run's
+        return verify.verify_checkpoint(
+            path, reader=self._io, found=found, data=data, max_host_bytes=self.max_host_bytes
+        )
 
     def close(self) -> None:
         """Releases the Orbax reader (a later read opens a new one)."""

@@ -182,5 +182,8 @@ class TierReader:
                     f"committed epochs: {common_epochs(prefix, [node], path_prefix)}"
                 )
             folder = path.rpartition("/")[0]  # the db_prefix, or a path_prefix's folder
-            lines += verify.verify_checkpoint(path, data=data, db_prefix=folder)
+            budget = self.tier.options.max_host_bytes
+            lines += verify.verify_checkpoint(
+                path, data=data, db_prefix=folder, max_host_bytes=budget
+            )
         return lines
