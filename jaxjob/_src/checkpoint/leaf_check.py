@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxjob._src.base import memory
 from jaxjob._src.base.leaves import Kind
-from jaxjob._src.checkpoint import checksum, hostlocal, manifest
+from jaxjob._src.checkpoint import checksum, host_budget, hostlocal, manifest
 from jaxjob._src.checkpoint.checksum import Record
 
 __all__ = ["BATCH_BYTES", "READ_ERRORS", "check_all", "check_leaf", "read_leaf"]
@@ -111,8 +111,7 @@ def _batches(specs: list[Any], found: Any, limit: int = BATCH_BYTES) -> list[lis
     batches: list[list[Any]] = []
     size = 0
     for spec in specs:
-        stored = _stored(spec, found)
-        nbytes = int(np.prod(stored.shape)) * np.dtype(stored.dtype).itemsize
+        nbytes = host_budget.host_bytes(_stored(spec, found))
         if not batches or size + nbytes > limit:
             batches.append([])
             size = 0

@@ -166,12 +166,14 @@ def restore_selected(
     all_specs = [manifest.leaves[n] for n in abstracts]
     rows = _rows(manifest, all_specs, host_map)
     restore_item = {s.name: store.target(s, abstracts[s.name], rows) for s in all_specs}
-    sizes = {n: host_budget.host_bytes(t) for n, t in restore_item.items()}
+    groups = [list(restore_item)]  # without a budget: one read of every leaf
     if max_host_bytes is not None:
         memory.return_freed_buffers()
+        sizes = {n: host_budget.host_bytes(t) for n, t in restore_item.items()}
+        groups = host_budget.groups(sizes, max_host_bytes) or [[]]
     records: Mapping[str, Any] | None = None  # read after the first read, as without groups
     restored: dict[str, Any] = {}
-    for group in host_budget.groups(sizes, max_host_bytes) or [[]]:  # one without a budget
+    for group in groups:
         part = {n: restore_item[n] for n in group}
         volume = 16 * sum(math.prod(manifest.leaves[n].shape) for n in group)  # <=16 B an element
         read = fs.bounded(
