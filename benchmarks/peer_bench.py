@@ -21,7 +21,8 @@
   for ``rss``), then each restores them in full from the page cache; ``torch.load``
   too where torch is installed.
 * ``rss``: in this fresh process, the peak RSS of one full restore (``method``
-  ``jaxjob``, ``jaxjob-budget`` under ``max_host_bytes`` = the workspace / 8, or
+  ``jaxjob``, ``jaxjob-budget`` under ``max_host_bytes`` = the workspace /
+  ``peer_table.BUDGET_PART`` (4), or
   ``orbax``) of what ``restore`` saved under ``dir``, less the RSS before it, over
   the workspace's bytes; ``jaxjob-save-budget``: the same of a save under that budget.
 

@@ -194,7 +194,7 @@ def _tiny(plan, child, work, log):
 def _peak_rss(spec, child, log):
     """{method: peak_x} of a full restore, jaxjob's and Orbax's each in a fresh process.
 
-    Also jaxjob's restore and save under ``max_host_bytes`` (``peer_bench.BUDGET_PART``).
+    Also jaxjob's restore and save under ``max_host_bytes`` (``peer_table.BUDGET_PART``).
     Two run at a time: a process's peak RSS does not depend on the clock.
     """
     log("peers: peak RSS of jaxjob's and Orbax's restores, and under a budget (fresh processes)")

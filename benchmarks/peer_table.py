@@ -20,7 +20,7 @@ TINY_FSYNCS = 4
 TINY_RESTORE_S = 0.005
 RESTORE_X = 1.5  # full restore <= 1.5x safetensors' load
 RESTORE_RSS_X = 1.15  # peak RSS of a full restore <= 1.15x the workspace
-BUDGET_PART = 4  # the budget rows' max_host_bytes: the workspace's bytes / 8
+BUDGET_PART = 4  # the budget rows' max_host_bytes: the workspace's bytes / 4
 RERUN_S = 1.0  # a finished job's re-run <= 1 s after the imports
 
 # The issue's rows that benchmarks/ cannot measure yet, and why.
